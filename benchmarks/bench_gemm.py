@@ -1,0 +1,185 @@
+"""W4A16 against cuBLAS fp16 / bf16 and torch's int4 GEMM, one process, one method (run on the GPU).
+
+    python benchmarks/bench_gemm.py [--m 1,2,4,8,16] [--variants base,bf16,sym,g64,act_order]
+                                    [--out benchmarks/results/h200.json]
+
+GPU time per call: CUDA-graph replay over rotating weight copies (> 3x L2), median of replays.
+Eager wall time per call at M = 1 (`<impl>_eager`). Prints a table (us, x fp16, GB/s, % of 4.2 TB/s)
+and writes JSON {gpu, torch, triton, commit, date, rows}; rows carry shape, N, K, M, impl, us and,
+for w4a16, dtype, group_size, symmetric, act_order and the plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import timing  # noqa: E402
+
+VARIANTS = {  # name -> (activation dtype, group size, symmetric, act_order)
+    "base": (torch.float16, 128, False, False),
+    "bf16": (torch.bfloat16, 128, False, False),
+    "sym": (torch.float16, 128, True, False),
+    "g64": (torch.float16, 64, False, False),
+    "act_order": (torch.float16, 128, False, True),
+}
+
+
+def make_w4_weights(kernel, n, k, group_size, symmetric, act_order, scale_dtype, copies):
+    """Kernel-native weights with random codes (any int32 pattern is valid), via W4A16Weight."""
+    kp8 = -(-k // 128) * 16
+    out = []
+    for _ in range(copies):
+        out.append(kernel.W4A16Weight(
+            qweight=torch.randint(-2**31, 2**31 - 1, (n, kp8), dtype=torch.int32, device="cuda"),
+            scales=(torch.rand(k // group_size, n, device="cuda") * 0.02 + 0.001).to(scale_dtype),
+            zeros=None if symmetric else torch.randint(0, 16, (k // group_size, n), device="cuda").to(scale_dtype),
+            perm=torch.randperm(k, device="cuda") if act_order else None,
+            in_features=k, out_features=n, group_size=group_size,
+        ))
+    return out
+
+
+def torch_int4_weights(n, k, group_size, copies):
+    """torch's tinygemm layout (bf16 only), or None where this torch cannot pack it."""
+    out = []
+    for _ in range(copies):
+        codes = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")
+        packed = torch.ops.aten._convert_weight_to_int4pack(codes, 8)
+        sz = (torch.rand(k // group_size, n, 2, device="cuda") * 0.02).to(torch.bfloat16)
+        out.append((packed, sz))
+    return out
+
+
+def check_w4a16(kernel, weight, dtype) -> float:
+    """Relative error of the kernel against a float64 reference on fresh random data (M = 5)."""
+    x = torch.randn(5, weight.in_features, device="cuda", dtype=dtype)
+    y = kernel.w4a16_linear(x, weight).double()
+    ref = x.double() @ weight.dequantize(torch.float64)
+    return float((y - ref).norm() / ref.norm())
+
+
+def bench_shape(kernel, shape, ms, variants, rows, eager_m1=True):
+    n, k, name = shape["N"], shape["K"], shape["name"]
+    base = dict(shape=name, N=n, K=k)
+    f16_copies = timing.copies_needed(timing.f16_bytes(n, k, 1))
+    w_f16 = [torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(f16_copies)]
+    for m in ms:
+        x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        us = timing.gpu_time_us([lambda w=w: F.linear(x, w) for w in w_f16])
+        rows.append(dict(base, M=m, impl="fp16", us=us))
+        if m == 1 and eager_m1:
+            rows.append(dict(base, M=m, impl="fp16_eager", us=timing.eager_wall_us(lambda: F.linear(x, w_f16[0]))))
+    w_bf16 = [w.to(torch.bfloat16) for w in w_f16]
+    del w_f16
+    for m in ms:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        rows.append(dict(base, M=m, impl="bf16", us=timing.gpu_time_us([lambda w=w: F.linear(x, w) for w in w_bf16])))
+    del w_bf16
+    torch.cuda.empty_cache()
+
+    try:
+        w_int4 = torch_int4_weights(n, k, 128, timing.copies_needed(timing.w4_bytes(n, k, 1, 128)))
+    except Exception as exc:  # noqa: BLE001 - torch builds without tinygemm
+        print(f"torch_int4 unavailable: {exc!r}"[:200])
+        w_int4 = None
+    if w_int4 is not None:
+        for m in ms:
+            if m > 256:
+                continue
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            fn = lambda w, x=x: torch.ops.aten._weight_int4pack_mm(x, w[0], 128, w[1])  # noqa: E731
+            rows.append(dict(base, M=m, impl="torch_int4", us=timing.gpu_time_us([lambda w=w: fn(w) for w in w_int4])))
+            if m == 1 and eager_m1:
+                rows.append(dict(base, M=m, impl="torch_int4_eager", us=timing.eager_wall_us(lambda: fn(w_int4[0]))))
+        del w_int4
+        torch.cuda.empty_cache()
+
+    for vname in variants:
+        dtype, group_size, symmetric, act_order = VARIANTS[vname]
+        fields = dict(dtype="fp16" if dtype == torch.float16 else "bf16", group_size=group_size, symmetric=symmetric, act_order=act_order)
+        copies = timing.copies_needed(timing.w4_bytes(n, k, 1, group_size, symmetric))
+        weights = make_w4_weights(kernel, n, k, group_size, symmetric, act_order, dtype, copies)
+        err = check_w4a16(kernel, weights[0], dtype)
+        for m in ms:
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            us = timing.gpu_time_us([lambda w=w: kernel.w4a16_linear(x, w) for w in weights])
+            plan = str(kernel.plan_for(weights[0], m, dtype))
+            rows.append(dict(base, M=m, impl="w4a16", us=us, **fields, plan=plan, rel_err=err))
+            if m == 1 and eager_m1 and vname == "base":
+                rows.append(dict(base, M=m, impl="w4a16_eager", us=timing.eager_wall_us(lambda: kernel.w4a16_linear(x, weights[0])), **fields))
+        del weights
+        torch.cuda.empty_cache()
+
+
+def print_table(rows, group_size=128):
+    fp16 = {(r["shape"], r["M"]): r["us"] for r in rows if r["impl"] == "fp16"}
+    print(f"{'shape':12s} {'M':>5s} {'impl':24s} {'us':>9s} {'x fp16':>7s} {'GB/s':>7s} {'%4.2TB/s':>8s}")
+    for r in rows:
+        if r["impl"].endswith("_eager"):
+            continue
+        m, n, k = r["M"], r["N"], r["K"]
+        if r["impl"] in ("fp16", "bf16"):
+            nbytes = timing.f16_bytes(n, k, m)
+        else:
+            nbytes = timing.w4_bytes(n, k, m, r.get("group_size", group_size), r.get("symmetric", False))
+        gbps = nbytes / (r["us"] * 1e-6) / 1e9
+        label = r["impl"] if r["impl"] != "w4a16" else f"w4a16[{r['dtype']},g{r['group_size']}{',sym' if r['symmetric'] else ''}{',act' if r['act_order'] else ''}]"
+        ratio = fp16[(r["shape"], m)] / r["us"]
+        print(f"{r['shape']:12s} {m:5d} {label:24s} {r['us']:9.2f} {ratio:7.2f} {gbps:7.0f} {100 * gbps / (timing.READ_TBPS * 1e3):7.1f}%")
+
+
+def summary(rows):
+    """Geometric mean over shapes of fp16 time / our time, per M and variant."""
+    fp16 = {(r["shape"], r["M"]): r["us"] for r in rows if r["impl"] == "fp16"}
+    groups: dict = {}
+    for r in rows:
+        if r["impl"] in ("w4a16", "torch_int4"):
+            key = (r["impl"] if r["impl"] == "torch_int4" else f"w4a16 {r['dtype']} g{r['group_size']}{' sym' if r['symmetric'] else ''}{' act' if r['act_order'] else ''}", r["M"])
+            groups.setdefault(key, []).append(fp16[(r["shape"], r["M"])] / r["us"])
+    print("\ngeometric mean of fp16/impl over shapes:")
+    for (impl, m), vals in sorted(groups.items()):
+        print(f"  {impl:28s} M={m:5d}  {math.exp(sum(map(math.log, vals)) / len(vals)):5.2f}x  (min {min(vals):.2f})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    shapes_data = timing.load_shapes()
+    ap.add_argument("--m", default=",".join(map(str, shapes_data["decode_M"])))
+    ap.add_argument("--variants", default="base")
+    ap.add_argument("--shapes", default="")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--merge", action="store_true", help="add rows to an existing --out file (replacing equal keys)")
+    args = ap.parse_args()
+
+    kernel = timing.load_kernel()
+    ms = [int(v) for v in args.m.split(",")]
+    variants = args.variants.split(",")
+    wanted = set(filter(None, args.shapes.split(",")))
+    rows: list = []
+    for shape in shapes_data["shapes"]:
+        if not wanted or shape["name"] in wanted:
+            bench_shape(kernel, shape, ms, variants, rows)
+    print_table(rows)
+    summary(rows)
+    if args.out:
+        out = Path(args.out)
+        result = {**timing.machine_info(), "method": "CUDA-graph replay over rotating weight copies (>3x L2), median; eager = host wall time per call", "rows": rows}
+        if args.merge and out.exists():
+            old = json.loads(out.read_text())
+            key = lambda r: (r["shape"], r["M"], r["impl"], r.get("dtype"), r.get("group_size"), r.get("symmetric"), r.get("act_order"))  # noqa: E731
+            new_keys = {key(r) for r in rows}
+            result["rows"] = [r for r in old["rows"] if key(r) not in new_keys] + rows
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

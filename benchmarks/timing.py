@@ -1,0 +1,122 @@
+"""Shared benchmark plumbing: load the kernel through the Hub loader, time with CUDA graphs, describe
+the machine. Method (PERFORMANCE.md section 6): GPU time from CUDA events around a CUDA-graph replay
+of many calls that rotate over enough weight copies to exceed 3x the L2, median of replays.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+REPO_ID = "w4a16-kernels/w4a16"
+SHAPES_FILE_CANDIDATES = (REPO / "shared" / "bench" / "shapes.json", REPO.parent / "shared" / "bench" / "shapes.json")
+READ_TBPS = 4.2  # measured H200 streaming-read ceiling (PERFORMANCE.md)
+
+
+def load_kernel():
+    """Build the variants into a temp dir and load them with get_kernel, as users do."""
+    spec = importlib.util.spec_from_file_location("build_variants", REPO / "scripts" / "build_variants.py")
+    builder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builder)
+    out = Path(tempfile.mkdtemp(prefix="w4a16-build-"))
+    builder.build_variants(out)
+    os.environ["LOCAL_KERNELS"] = f"{REPO_ID}={out}"
+    from kernels import get_kernel
+
+    return get_kernel(REPO_ID, version=1)
+
+
+def load_shapes() -> dict:
+    for path in SHAPES_FILE_CANDIDATES:
+        if path.exists():
+            return json.loads(path.read_text())
+    # The eight Llama-3 shapes of shared/bench/shapes.json, for machines without shared/.
+    names = [("8B.qkv", 6144, 4096), ("8B.o", 4096, 4096), ("8B.gate_up", 28672, 4096), ("8B.down", 4096, 14336),
+             ("70B.qkv", 10240, 8192), ("70B.o", 8192, 8192), ("70B.gate_up", 57344, 8192), ("70B.down", 8192, 28672)]
+    return {"shapes": [{"name": n, "N": a, "K": b} for n, a, b in names], "group_size": 128,
+            "decode_M": [1, 2, 4, 8, 16], "batch_M": [32, 64, 128, 256, 512, 1024, 4096]}
+
+
+def copies_needed(bytes_per_copy: int, l2_bytes: int | None = None) -> int:
+    """Weight copies whose total exceeds 3x the L2, so every call streams from HBM."""
+    if l2_bytes is None:
+        l2_bytes = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20)
+    return max(2, -(-3 * l2_bytes // max(1, bytes_per_copy)) + 1)
+
+
+def gpu_time_us(calls, replays: int = 15, min_calls: int = 24) -> float:
+    """Median GPU time per call (us) of a CUDA graph that runs `calls` round-robin."""
+    n = max(min_calls, len(calls))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in calls:  # warm-up: compile, allocate outside capture
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(n):
+            calls[i % len(calls)]()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(replays):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / n)
+    del graph
+    return statistics.median(times)
+
+
+def eager_wall_us(fn, iters: int = 300) -> float:
+    """Host wall time per call of an eager loop (Python dispatch + launch), GPU synchronised at the end."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e6 / iters
+
+
+def w4_bytes(n: int, k: int, m: int, group_size: int, symmetric: bool = False) -> int:
+    groups = k // group_size
+    return n * k // 2 + n * groups * 2 * (1 if symmetric else 2) + m * k * 2 + m * n * 2
+
+
+def f16_bytes(n: int, k: int, m: int) -> int:
+    return n * k * 2 + m * k * 2 + m * n * 2
+
+
+def machine_info() -> dict:
+    import triton
+
+    try:
+        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip())
+    except (OSError, subprocess.CalledProcessError):
+        commit, dirty = os.environ.get("W4A16_COMMIT", "unknown"), False
+    commit = os.environ.get("W4A16_COMMIT", commit)
+    return {
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "commit": commit + ("-dirty" if dirty else ""),
+        "date": datetime.date.today().isoformat(),
+    }

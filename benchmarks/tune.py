@@ -1,0 +1,140 @@
+"""Regenerate the shipped tuned configurations for the current GPU (run on that GPU).
+
+    python benchmarks/tune.py [--out torch-ext/w4a16/tuned_nvidia_h200.json] [--m 1,2,4,...]
+
+For each shape of shared/bench/shapes.json and each M bucket it times every candidate (path, tile,
+split-K, warps, stages) with the benchmark method of timing.py (CUDA graph over rotating weight
+copies, fp16 activations, group 128, asymmetric) and keeps the fastest. Other formats (bf16,
+symmetric, other group sizes, act-order) reuse the table: the bytes and the loop are the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import timing  # noqa: E402
+
+M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+
+def candidates(m: int, n: int, k: int, sm_count: int):
+    """(path, config) pairs worth timing for this shape; split-K only where it can fill the SMs."""
+    k_blocks = -(-k // 128)
+
+    def splits(tiles):
+        out = [1]
+        for s in (2, 3, 4, 6, 8, 12, 16):
+            if tiles * s <= 4 * sm_count and k_blocks // s >= 2:
+                out.append(s)
+        return out
+
+    def cfg(bn, bm, w, st, split):
+        return {"BLOCK_N": bn, "BLOCK_M": bm, "SPLIT_K": split, "num_warps": w, "num_stages": st}
+
+    if m <= 4:
+        bm = 1 << (m - 1).bit_length()
+        for bn, w, st in ((64, 4, 3), (128, 4, 3), (128, 8, 4), (256, 8, 3)):
+            for split in splits(-(-n // bn)):
+                yield "gemv", cfg(bn, bm, w, st, split)
+    if m <= 128:
+        bm = 16 if m <= 16 else (32 if m <= 32 else 64)
+        for bn, w, st in ((64, 4, 4), (128, 4, 4), (128, 8, 4), (64, 4, 6)):
+            tiles = -(-n // bn) * -(-m // bm)
+            for split in splits(tiles):
+                yield ("splitk" if split > 1 else "tiled"), cfg(bn, bm, w, st, split)
+    if m >= 32:
+        for bn, bm, w, st in ((128, 64, 4, 3), (128, 128, 8, 3), (256, 64, 8, 3), (256, 128, 8, 3), (128, 128, 4, 4)):
+            if bm > 2 * m:
+                continue
+            tiles = -(-n // bn) * -(-m // bm)
+            for split in [s for s in splits(tiles) if s <= 4]:
+                yield ("splitk" if split > 1 else "tiled"), cfg(bn, bm, w, st, split)
+    if m >= 128:
+        yield "dense", {}
+
+
+def make_weights(n: int, k: int, group_size: int, copies: int, device="cuda"):
+    """Random kernel-native weights (any int32 bit pattern is a valid packed tile)."""
+    kp8 = -(-k // 128) * 16
+    out = []
+    for _ in range(copies):
+        qweight = torch.randint(-2**31, 2**31 - 1, (n, kp8), dtype=torch.int32, device=device)
+        scales = (torch.rand(k // group_size, n, device=device) * 0.02 + 0.001).half()
+        zeros = torch.randint(0, 16, (k // group_size, n), device=device).half()
+        out.append((qweight, scales, zeros))
+    return out
+
+
+def time_candidate(kernel, weights, x, k, group_size, path, config) -> float:
+    plan = kernel.dispatch.Plan(path, config, "tune")
+    if path == "dense":
+        def call(w):
+            dense = kernel.gemm.dequantize_native(w[0], w[1], w[2], k, group_size, x.dtype)
+            return torch.nn.functional.linear(x, dense)
+    else:
+        def call(w):
+            return kernel.gemm._launch_matmul_kernel(x, w[0], w[1], w[2], k, group_size, plan)
+    return timing.gpu_time_us([lambda w=w: call(w) for w in weights], replays=7)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default=str(timing.REPO / "torch-ext" / "w4a16" / "tuned_nvidia_h200.json"))
+    ap.add_argument("--m", default=",".join(map(str, M_BUCKETS)))
+    ap.add_argument("--shapes", default="", help="comma list of shape names (default: all)")
+    ap.add_argument("--log", default="", help="write every timing here (JSON)")
+    args = ap.parse_args()
+
+    kernel = timing.load_kernel()
+    info = timing.machine_info()
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    shapes = timing.load_shapes()
+    group_size = shapes.get("group_size", 128)
+    wanted = set(filter(None, args.shapes.split(",")))
+    ms = [int(v) for v in args.m.split(",")]
+    entries, log = [], []
+    for shape in shapes["shapes"]:
+        if wanted and shape["name"] not in wanted:
+            continue
+        n, k = shape["N"], shape["K"]
+        weights = make_weights(n, k, group_size, timing.copies_needed(timing.w4_bytes(n, k, 1, group_size)))
+        for m in ms:
+            x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+            best = None
+            for path, config in candidates(m, n, k, sm_count):
+                try:
+                    us = time_candidate(kernel, weights, x, k, group_size, path, config)
+                except Exception as exc:  # a config that does not compile or fit is skipped, and logged
+                    log.append({"shape": shape["name"], "M": m, "path": path, "config": config, "error": repr(exc)[:300]})
+                    continue
+                log.append({"shape": shape["name"], "M": m, "path": path, "config": config, "us": us})
+                if best is None or us < best[0]:
+                    best = (us, path, config)
+            if best is None:
+                continue
+            us, path, config = best
+            entries.append({"N": n, "K": k, "M": m, "path": path, **config, "us": round(us, 2)})
+            print(f"{shape['name']:12s} M={m:5d} best {path:7s} {config} {us:8.2f} us", flush=True)
+        del weights
+        torch.cuda.empty_cache()
+    table = {
+        "about": "Fastest measured path and launch configuration per (N, K, M bucket); regenerate with benchmarks/tune.py.",
+        "applies_to": ["H200", "H100"],
+        "measured_on": info,
+        "group_size": group_size,
+        "entries": entries,
+    }
+    Path(args.out).write_text(json.dumps(table, indent=1) + "\n")
+    if args.log:
+        Path(args.log).write_text(json.dumps(log, indent=1) + "\n")
+    print(f"wrote {args.out} ({len(entries)} entries)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+"""The GEMM kernels against an independent float64 reference, round trips, dispatch and bad input.
+
+On a CPU machine the Triton kernels run under TRITON_INTERPRET=1 (set by conftest) by forcing a
+Triton path on CPU tensors; on a GPU the same tests run the compiled kernels. Weights are built from
+random codes, scales and zeros, and the reference (q - z[g]) * s[g] is computed here in float64
+without the package's dequantize.
+"""
+
+import os
+
+import pytest
+import torch
+
+TRITON_PATHS = ("gemv", "splitk", "tiled", "dense")
+BATCH_SIZES = (1, 2, 3, 8, 16, 33, 64)
+TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+# (K, N, group_size, symmetric): N off the tile sizes, K not a multiple of 128, per-channel, g32..g128.
+CASES = [
+    (256, 48, 128, False),
+    (256, 40, 64, True),
+    (320, 24, 64, False),
+    (256, 33, 32, False),
+    (264, 20, -1, False),
+    (384, 72, 128, True),
+]
+
+
+def triton_available(device: str) -> bool:
+    return device == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def random_layer(w4a16, k, n, group_size, symmetric, dtype, device, act_order=False, seed=0):
+    """Random codes/scales/zeros -> (W4A16Weight, float64 reference weight [K, N])."""
+    gen = torch.Generator().manual_seed(seed)
+    g = k if group_size == -1 else group_size
+    codes = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(k // g, n, generator=gen) * 0.05 + 0.01).to(dtype)
+    zeros = None if symmetric else (torch.randint(0, 16, (k // g, n), generator=gen).to(dtype))
+    if act_order:
+        order = torch.randperm(k, generator=gen)  # quantization order: row order[i] is in group i // g
+        g_idx = torch.empty(k, dtype=torch.int32)
+        g_idx[order] = (torch.arange(k) // g).to(torch.int32)
+    else:
+        g_idx = torch.arange(k, dtype=torch.int32) // g
+    z = torch.full((k // g, n), 8.0, dtype=torch.float64) if symmetric else zeros.to(torch.float64)
+    ref = (codes.to(torch.float64) - z[g_idx.long()]) * scales.to(torch.float64)[g_idx.long()]
+    packed = w4a16.pack_int4_k_major(codes)
+    weight = w4a16.prepare_weight(
+        packed.to(device), scales.to(device), None if zeros is None else zeros.to(device), group_size,
+        g_idx.to(device) if act_order else None,
+    )
+    return weight, ref.to(device)
+
+
+def run_and_check(w4a16, weight, ref, x, path):
+    """Run one forced path into a NaN-poisoned output and return the relative error (all written)."""
+    m = x.shape[0]
+    out = torch.full((m, weight.out_features), float("nan"), dtype=x.dtype, device=x.device)
+    y = w4a16.gemm.w4a16_matmul(
+        x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features, weight.group_size,
+        path=path, out=out,
+    )
+    assert y.data_ptr() == out.data_ptr()
+    assert not torch.isnan(y).any(), f"{path}: unwritten (NaN) output elements at M={m}"
+    expected = x.to(torch.float64) @ ref
+    return float((y.to(torch.float64) - expected).norm() / expected.norm())
+
+
+@pytest.mark.parametrize("path", TRITON_PATHS)
+@pytest.mark.parametrize("k,n,group_size,symmetric", CASES)
+def test_triton_paths_fp16(w4a16, device, path, k, n, group_size, symmetric):
+    if not triton_available(device):
+        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
+    weight, ref = random_layer(w4a16, k, n, group_size, symmetric, torch.float16, device)
+    gen = torch.Generator().manual_seed(k + n)
+    for m in BATCH_SIZES:
+        x = torch.randn(m, k, generator=gen).to(device=device, dtype=torch.float16)
+        err = run_and_check(w4a16, weight, ref, x, path)
+        assert err < TOL[torch.float16], f"{path} M={m}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("path", TRITON_PATHS)
+@pytest.mark.parametrize("k,n,group_size,symmetric", [CASES[0], CASES[2], CASES[4]])
+def test_triton_paths_bf16(w4a16, device, path, k, n, group_size, symmetric):
+    if not triton_available(device):
+        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
+    weight, ref = random_layer(w4a16, k, n, group_size, symmetric, torch.bfloat16, device, seed=1)
+    gen = torch.Generator().manual_seed(7)
+    for m in (1, 3, 16, 33):
+        x = torch.randn(m, k, generator=gen).to(device=device, dtype=torch.bfloat16)
+        err = run_and_check(w4a16, weight, ref, x, path)
+        assert err < TOL[torch.bfloat16], f"{path} M={m}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("path", TRITON_PATHS)
+def test_triton_paths_act_order_fp32_scales(w4a16, device, path):
+    if not triton_available(device):
+        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
+    weight, ref = random_layer(w4a16, 256, 24, 64, False, torch.float32, device, act_order=True, seed=2)
+    assert weight.act_order and weight.scales.dtype == torch.float32
+    gen = torch.Generator().manual_seed(3)
+    for m in (1, 8, 17):
+        x = torch.randn(m, 256, generator=gen).to(device=device, dtype=torch.float16)
+        err = run_and_check(w4a16, weight, ref, x, path)
+        assert err < TOL[torch.float16], f"{path} M={m}: relative error {err:.2e}"
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_auto_path_and_leading_dims(w4a16, device, dtype):
+    weight, ref = random_layer(w4a16, 256, 40, 128, False, dtype, device, seed=4)
+    x = torch.randn(2, 3, 256, device=device).to(dtype)
+    y = w4a16.w4a16_linear(x, weight)
+    assert y.shape == (2, 3, 40) and y.dtype == dtype
+    expected = x.to(torch.float64) @ ref
+    assert float((y.double() - expected).norm() / expected.norm()) < TOL[dtype]
+    bias = torch.randn(40, device=device).to(dtype)
+    yb = w4a16.w4a16_linear(x, weight, bias)
+    torch.testing.assert_close(yb, y + bias)
+
+
+@pytest.mark.kernels_ci
+def test_seed_api_round_trip(w4a16, device):
+    """w4a16_gemm on the seed layout matches x @ dequantize_int4_grouped(...)."""
+    w = torch.randn(256, 64)
+    packed, scales, zeros = w4a16.quantize_weight_int4_grouped(w, 128, False)
+    assert packed.shape == (32, 64) and packed.dtype == torch.int32
+    assert scales.shape == zeros.shape == (2, 64)
+    x = torch.randn(5, 256).half()
+    ref = x.double() @ w4a16.dequantize_int4_grouped(packed, scales, zeros, 128, torch.float64)
+    y = w4a16.w4a16_gemm(x.to(device), packed.to(device), scales.to(device), zeros.to(device), 128)
+    assert float((y.double().cpu() - ref).norm() / ref.norm()) < TOL[torch.float16]
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("group_size", [32, 64, 128, -1])
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_quantize_error_within_half_step(w4a16, group_size, symmetric, dtype):
+    k, n = 256, 24
+    w = (torch.randn(k, n) * torch.rand(1, n) * 3).to(dtype)
+    packed, scales, zeros = w4a16.quantize_weight_int4_grouped(w, group_size, symmetric)
+    g = k if group_size == -1 else group_size
+    deq = w4a16.dequantize_int4_grouped(packed, scales, zeros, group_size, torch.float64)
+    step = scales.to(torch.float64).repeat_interleave(g, dim=0)
+    err = (deq - w.to(torch.float64)).abs()
+    assert bool((err <= 0.5 * step * (1 + 1e-6) + 1e-12).all()), float((err / step).max())
+    if symmetric:
+        assert bool((zeros == 8).all())
+
+
+@pytest.mark.kernels_ci
+def test_pack_unpack_exact(w4a16):
+    codes = torch.randint(0, 16, (264, 37), dtype=torch.uint8)
+    packed = w4a16.pack_int4_k_major(codes)
+    assert torch.equal(w4a16.unpack_int4_k_major(packed), codes)
+    # nibble j of word i is row 8i + j, low bits first
+    assert int(packed[0, 0]) & 0xF == int(codes[0, 0]) and (int(packed[0, 0]) >> 4) & 0xF == int(codes[1, 0])
+    native = w4a16.layout.pack_int4_n_major_striped(codes)
+    assert native.shape == (37, 3 * 16)
+    assert torch.equal(w4a16.layout.unpack_int4_n_major_striped(native, 264), codes)
+    # nibble j of word [n, b*16 + i] is row b*128 + 16j + i
+    assert (int(native[5, 16 + 3]) >> 8) & 0xF == int(codes[128 + 32 + 3, 5])
+
+
+@pytest.mark.kernels_ci
+def test_prepared_weight_dequantizes_like_seed(w4a16):
+    weight, ref = random_layer(w4a16, 256, 24, 64, False, torch.float16, "cpu", act_order=True, seed=5)
+    assert torch.equal(weight.dequantize(torch.float64), ref)
+    identity, _ = random_layer(w4a16, 256, 24, 64, False, torch.float16, "cpu", act_order=False)
+    assert identity.perm is None  # an identity g_idx costs nothing
+
+
+@pytest.mark.kernels_ci
+def test_bad_inputs_raise_clear_errors(w4a16):
+    w = torch.randn(256, 32)
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        w4a16.quantize_weight_int4_grouped(torch.randn(192, 32), 128)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        w4a16.quantize_weight_int4_grouped(torch.randn(100, 32), -1)
+    with pytest.raises(ValueError, match="2-D"):
+        w4a16.quantize_weight_int4_grouped(torch.randn(2, 256, 32), 128)
+    with pytest.raises(TypeError, match="weight must be float"):
+        w4a16.quantize_weight_int4_grouped(torch.randint(0, 3, (256, 32)), 128)
+    packed, scales, zeros = w4a16.quantize_weight_int4_grouped(w, 128)
+    with pytest.raises(ValueError, match="group_size"):
+        w4a16.quantize_weight_int4_grouped(w, 48)
+    with pytest.raises(TypeError, match="packed must be an int32"):
+        w4a16.prepare_weight(packed.to(torch.int64), scales, zeros, 128)
+    with pytest.raises(ValueError, match=r"scales must have shape \[K/G, N\]"):
+        w4a16.prepare_weight(packed, scales[:, :16], zeros, 128)
+    with pytest.raises(ValueError, match="zeros must have shape"):
+        w4a16.prepare_weight(packed, scales, zeros[:1], 128)
+    with pytest.raises(ValueError, match="one device"):
+        w4a16.prepare_weight(packed, scales.to("meta"), zeros, 128)
+    weight = w4a16.prepare_weight(packed, scales, zeros, 128)
+    with pytest.raises(TypeError, match="x must be a float16 or bfloat16"):
+        w4a16.w4a16_linear(torch.randn(2, 256), weight)
+    with pytest.raises(ValueError, match="in_features=256"):
+        w4a16.w4a16_linear(torch.randn(2, 128).half(), weight)
+    with pytest.raises(ValueError, match="x is on"):
+        w4a16.w4a16_linear(torch.randn(2, 256, device="meta").half(), weight)
+    with pytest.raises(ValueError, match="path must be"):
+        w4a16.w4a16_linear(torch.randn(2, 256).half(), weight, path="fast")
+
+
+@pytest.mark.kernels_ci
+def test_dispatch_plans(w4a16):
+    dispatch = w4a16.dispatch
+    cpu = torch.device("cpu")
+    assert dispatch.plan_gemm(1, 4096, 4096, 128, torch.float16, cpu).path == "reference"
+    with pytest.raises(RuntimeError, match="strict"):
+        dispatch.plan_gemm(1, 4096, 4096, 128, torch.float16, cpu, strict=True)
+    decode = dispatch._heuristic(1, 4096, 4096, 132)
+    assert decode.path == "splitk" and decode.config["SPLIT_K"] > 1
+    assert dispatch._heuristic(4096, 4096, 4096, 132).path == "dense"
+    assert [dispatch.m_bucket(m) for m in (1, 3, 33, 5000)] == [1, 4, 64, 4096]
+    file, table = dispatch.load_tuned_table("NVIDIA H200")
+    assert file == "tuned_nvidia_h200.json"
+    rows = table[(4096, 4096)]
+    assert {r["M"] for r in rows} >= {1, 16} and all(r["path"] in dispatch.PATHS for r in rows)
+    assert dispatch.load_tuned_table("Some Other GPU") is None
+
+
+@pytest.mark.kernels_ci
+def test_check_layer(w4a16):
+    weight, ref = random_layer(w4a16, 256, 32, 128, False, torch.float16, "cpu", seed=6)
+    report = w4a16.check_layer(weight, reference_linear_weight=ref.t(), batch_sizes=(1, 3))
+    assert report.ok and set(report.errors) == {1, 3}
+    wrong = ref.t().clone()
+    wrong[:, :8] = wrong[:, :8].flip(1)  # a wrong nibble order within the first word
+    with pytest.raises(ValueError, match="check_layer failed"):
+        w4a16.check_layer(weight, reference_linear_weight=wrong, batch_sizes=(1, 3))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_graph_capture_of_op(w4a16):
+    weight, ref = random_layer(w4a16, 512, 96, 128, False, torch.float16, "cuda", seed=8)
+    for m in (1, 16, 64):
+        x = torch.randn(m, 512, device="cuda", dtype=torch.float16)
+        w4a16.w4a16_linear(x, weight)  # compile outside capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = w4a16.w4a16_linear(x, weight)
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        graph.replay()  # split-K counters must be clean for the next replay
+        expected = x.double() @ ref
+        assert float((y.double() - expected).norm() / expected.norm()) < TOL[torch.float16]

@@ -1,0 +1,165 @@
+"""Path choice: which kernel and which launch configuration a GEMM of a given shape runs.
+
+Configuration is data: `tuned_<gpu>.json` files shipped in this package, measured on that GPU by
+`benchmarks/tune.py`. A file applies to the GPUs whose device name contains one of its
+`applies_to` strings (the H100 and the H200 share the chip). Shapes or GPUs without tuned entries
+get a heuristic that fills the machine by split-K; `strict=True` turns that fallback (or any path
+other than the tuned one) into an error instead of a silent slowdown. Nothing is tuned at run time,
+and plans are memoised per (M bucket, N, K, ...), so a call costs a dictionary look-up.
+
+Paths:
+    gemv       CUDA-core split-K kernel, tiny M
+    splitk     tensor-core kernel with split-K, decode M
+    tiled      tensor-core kernel without split-K, mid-size M
+    dense      dequantize into a scratch [N, K] fp16/bf16 buffer (N*K*2 bytes, freed after the
+               call) and call cuBLAS: prefill
+    reference  plain torch (dequantize + matmul): CPU tensors
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+__all__ = ["PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table"]
+
+logger = logging.getLogger(__name__)
+
+PATHS = ("gemv", "splitk", "tiled", "dense", "reference")
+_M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+_TUNED_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one GEMM call runs: the path, its launch configuration, and where the choice came from."""
+
+    path: str
+    config: dict = field(default_factory=dict, hash=False, compare=False)
+    source: str = "heuristic"  # "tuned:<file>", "heuristic", "forced", "cpu"
+
+    def __str__(self) -> str:
+        cfg = " ".join(f"{k}={v}" for k, v in sorted(self.config.items()))
+        return f"{self.path} ({self.source}) {cfg}".strip()
+
+
+def m_bucket(m: int) -> int:
+    """The smallest tuned M bucket >= m (M beyond the last bucket uses the last)."""
+    for b in _M_BUCKETS:
+        if m <= b:
+            return b
+    return _M_BUCKETS[-1]
+
+
+@functools.lru_cache(maxsize=None)
+def load_tuned_table(device_name: str) -> tuple[str, dict] | None:
+    """The shipped tuned table whose `applies_to` matches this device name, as (file, {(N, K): rows})."""
+    for path in sorted(_TUNED_DIR.glob("tuned_*.json")):
+        data = json.loads(path.read_text())
+        if any(tag in device_name for tag in data["applies_to"]):
+            table: dict = {}
+            for row in data["entries"]:
+                table.setdefault((row["N"], row["K"]), []).append(row)
+            for rows in table.values():
+                rows.sort(key=lambda r: r["M"])
+            return path.name, table
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _device_info(device: torch.device) -> tuple[str, int]:
+    props = torch.cuda.get_device_properties(device)
+    return props.name, props.multi_processor_count
+
+
+def _split_for(tiles: int, k_blocks: int, sm_count: int, max_split: int = 16) -> int:
+    """Enough K splits that tiles * split covers the SMs about twice, and at least 2 blocks per split."""
+    want = max(1, (2 * sm_count + tiles - 1) // tiles)
+    return max(1, min(want, max_split, k_blocks // 2 or 1))
+
+
+def _heuristic(m: int, n: int, k: int, sm_count: int) -> Plan:
+    k_blocks = -(-k // 128)
+    if m <= 16:
+        block_n, block_m = 64, 16
+        path = "splitk"
+    elif m <= 128:
+        block_n, block_m = 128, (32 if m <= 32 else 64)
+        path = "tiled"
+    else:
+        return Plan("dense", {}, "heuristic")
+    tiles = -(-n // block_n) * -(-m // block_m)
+    split = _split_for(tiles, k_blocks, sm_count)
+    if split > 1:
+        path = "splitk"
+    cfg = {"BLOCK_N": block_n, "BLOCK_M": block_m, "SPLIT_K": split, "num_warps": 4, "num_stages": 3}
+    return Plan(path, cfg, "heuristic")
+
+
+def _forced(path: str, m: int, n: int, k: int) -> Plan:
+    """Small, always-valid configurations for a path named by the caller (tests, benchmarks)."""
+    if path not in PATHS:
+        raise ValueError(f"path must be 'auto' or one of {PATHS}, got {path!r}")
+    if path == "gemv":
+        block_m = 1 << max(0, (min(m, 4) - 1).bit_length())
+        return Plan(path, {"BLOCK_N": 32, "BLOCK_M": block_m, "SPLIT_K": 2, "num_warps": 4, "num_stages": 2}, "forced")
+    if path == "splitk":
+        return Plan(path, {"BLOCK_N": 32, "BLOCK_M": 16, "SPLIT_K": 2, "num_warps": 4, "num_stages": 2}, "forced")
+    if path == "tiled":
+        return Plan(path, {"BLOCK_N": 32, "BLOCK_M": 32 if m > 16 else 16, "SPLIT_K": 1, "num_warps": 4, "num_stages": 2}, "forced")
+    return Plan(path, {}, "forced")
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, device: torch.device, symmetric: bool) -> Plan:
+    name, sm_count = _device_info(device)
+    tuned = load_tuned_table(name)
+    if tuned is not None:
+        file, table = tuned
+        rows = table.get((n, k))
+        if rows:
+            row = next((r for r in rows if r["M"] >= mb), rows[-1])
+            cfg = {key: row[key] for key in ("BLOCK_N", "BLOCK_M", "SPLIT_K", "num_warps", "num_stages") if key in row}
+            plan = Plan(row["path"], cfg, f"tuned:{file}")
+        else:
+            plan = _heuristic(mb, n, k, sm_count)
+    else:
+        plan = _heuristic(mb, n, k, sm_count)
+    logger.debug("w4a16 plan M<=%d N=%d K=%d G=%d %s sym=%s on %s: %s", mb, n, k, group_size, dtype, symmetric, name, plan)
+    return plan
+
+
+def plan_gemm(
+    m: int,
+    n: int,
+    k: int,
+    group_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    path: str = "auto",
+    symmetric: bool = False,
+    strict: bool = False,
+) -> Plan:
+    """The plan for y[m, n] = x[m, k] @ W. `path` other than "auto" forces a path.
+
+    With `strict=True`, a plan that does not come from a tuned table for this GPU and shape raises
+    RuntimeError (so a deployment notices a silent fallback to a generic configuration).
+    """
+    if path != "auto":
+        return _forced(path, m, n, k)
+    if device.type != "cuda":
+        if strict:
+            raise RuntimeError(f"w4a16: no Triton path for tensors on {device} (strict): only the plain torch reference runs there")
+        return Plan("reference", {}, "cpu")
+    plan = _plan_cached(m_bucket(m), n, k, group_size, dtype, device, symmetric)
+    if strict and not plan.source.startswith("tuned"):
+        raise RuntimeError(
+            f"w4a16: no tuned configuration for M={m} N={n} K={k} on {_device_info(device)[0]} (strict); "
+            f"the generic plan would be {plan}. Tune with benchmarks/tune.py or pass strict=False."
+        )
+    return plan

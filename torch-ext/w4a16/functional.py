@@ -1,0 +1,110 @@
+"""The functional API: run the registered GEMM op on a prepared weight, explain its plan, check a layer.
+
+These call the torch op `gemm` registered in `__init__.py` (through `ops`), so they work eagerly,
+under `torch.compile(fullgraph=True)` and inside CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ._ops import ops
+from .dispatch import Plan, plan_gemm
+from .layout import W4A16Weight, prepare_weight
+
+__all__ = ["w4a16_linear", "w4a16_gemm", "plan_for", "check_layer", "LayerCheck"]
+
+
+def w4a16_linear(
+    x: torch.Tensor,
+    weight: W4A16Weight,
+    bias: torch.Tensor | None = None,
+    *,
+    path: str = "auto",
+    strict: bool = False,
+) -> torch.Tensor:
+    """y[..., N] = x[..., K] @ W (+ bias) for a prepared weight. x fp16 or bf16; y in x's dtype."""
+    y = ops.gemm(x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features, weight.group_size, path, strict)
+    return y if bias is None else y + bias
+
+
+def w4a16_gemm(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor | None,
+    group_size: int = 128,
+) -> torch.Tensor:
+    """Seed-compatible API: x [..., K] @ W with W in the seed layout (packed int32 [K/8, N]).
+
+    Convenient but it repacks the weight on every call: for speed, `prepare_weight` once and call
+    `w4a16_linear` (or use `W4A16Linear`).
+    """
+    return w4a16_linear(x, prepare_weight(packed, scales, zeros, group_size))
+
+
+def plan_for(weight: W4A16Weight, m: int, dtype: torch.dtype = torch.float16, strict: bool = False) -> Plan:
+    """The path and launch configuration a call with M = m tokens will take on the weight's device."""
+    return plan_gemm(
+        m, weight.out_features, weight.in_features, weight.group_size, dtype, weight.qweight.device,
+        symmetric=weight.symmetric, strict=strict,
+    )
+
+
+@dataclass(frozen=True)
+class LayerCheck:
+    """Result of `check_layer`: the relative error (Frobenius norm) per batch size and the bound."""
+
+    errors: dict
+    tolerance: float
+    plans: dict
+
+    @property
+    def ok(self) -> bool:
+        return all(e <= self.tolerance for e in self.errors.values())
+
+
+def check_layer(
+    weight: W4A16Weight,
+    reference_linear_weight: torch.Tensor | None = None,
+    batch_sizes: tuple[int, ...] = (1, 16, 64),
+    dtype: torch.dtype = torch.float16,
+    tolerance: float = 1e-2,
+    path: str = "auto",
+    seed: int = 0,
+) -> LayerCheck:
+    """Validate a packed layer at load time: run the GEMM on random activations at each batch size and
+    compare with a float64 reference.
+
+    The reference is `x @ reference_linear_weight.T` when given (the original or independently
+    dequantized weight [N, K], nn.Linear orientation: catches a wrong nibble order or zero convention
+    in an import) and otherwise the float64 dequantization of the weight's own codes (catches a wrong
+    repack or a kernel fault). Raises ValueError when any relative error exceeds `tolerance`.
+    """
+    n, k = weight.out_features, weight.in_features
+    device = weight.qweight.device
+    if reference_linear_weight is None:
+        ref_w = weight.dequantize(torch.float64)  # [K, N]
+    else:
+        if tuple(reference_linear_weight.shape) != (n, k):
+            raise ValueError(
+                f"reference_linear_weight must have shape [N, K] = {(n, k)}, got {tuple(reference_linear_weight.shape)}"
+            )
+        ref_w = reference_linear_weight.to(device=device, dtype=torch.float64).t()
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    errors, plans = {}, {}
+    for m in batch_sizes:
+        x = torch.randn((m, k), generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+        y = w4a16_linear(x, weight, path=path).to(torch.float64)
+        ref = x.to(torch.float64) @ ref_w
+        errors[m] = float((y - ref).norm() / ref.norm().clamp_min(1e-30))
+        plans[m] = str(plan_for(weight, m, dtype)) if path == "auto" else path
+    result = LayerCheck(errors=errors, tolerance=tolerance, plans=plans)
+    if not result.ok:
+        raise ValueError(
+            f"w4a16 check_layer failed for {weight.describe()} [N={n}, K={k}]: relative errors {errors} exceed "
+            f"{tolerance} (a wrong nibble order, zero convention or group size in the import?)"
+        )
+    return result

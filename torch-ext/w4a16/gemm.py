@@ -1,0 +1,377 @@
+"""Triton W4A16 kernels and their launchers.
+
+All kernels read the kernel-native weight layout of `layout.py`:
+
+    qweight int32 [N, Kp/8]  N-major, K-striped in blocks of 128 rows: nibble j of word [n, b*16 + i]
+                             is the code of row k = b*128 + 16*j + i (rows k >= K hold code 0).
+    scales  [K/G, N]         fp16 / bf16 / fp32, contiguous.
+    zeros   [K/G, N]         same dtype rules, or absent (SYMMETRIC: zero 8).
+    x       [M, K]           fp16 or bf16, unit stride along K; y [M, N] in x's dtype, unit stride along N.
+
+Scale and zero are folded out of the inner loop. Within one group g of rows and one column n,
+    y[m, n] += s[g, n] * (sum_k x[m, k] * c[k, n]  -  (z[g, n] + C) * sum_k x[m, k]),
+where c = C + q is what the cheap "magic number" unpack produces: the nibble OR-ed into the mantissa
+of a float whose integer part is C (fp16 1024.0 = 0x6400 or bf16 128.0 = 0x4300 for the tensor-core
+kernels, fp32 2**23 for the CUDA-core kernel), so no integer-to-float conversion is issued. The dot on
+C + q is exact per product and accumulates in fp32.
+
+Kernels:
+- `_w4a16_tc_kernel`: tensor cores, operands swapped (y^T = W x^T) so the weight tile [BLOCK_N, 16]
+  is the wide MMA side and tokens the narrow side; optional split-K over the 128-row blocks.
+  With SPLIT_K = 1 it is the tiled kernel for mid-size M.
+- `_w4a16_gemv_kernel`: CUDA cores (fp32 FMA) for M <= 4, split-K.
+- `_dequantize_kernel`: writes the fp16/bf16 weight [N, K] for the dense (cuBLAS) prefill path.
+
+Split-K reduction: each split writes its fp32 partial tile to a workspace; a per-tile arrival counter
+(atomic) elects the last split, which sums the partials in split order (deterministic) and writes y,
+then resets the counter to zero.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .dispatch import Plan, plan_gemm
+from .layout import K_BLOCK, unpack_int4_n_major_striped
+
+__all__ = ["w4a16_matmul", "validate_gemm_inputs", "dequantize_native"]
+
+_MAGIC_BITS = {torch.float16: 0x6400, torch.bfloat16: 0x4300}
+_MAGIC_VALUE = {torch.float16: 1024.0, torch.bfloat16: 128.0}
+_TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared device helpers
+# --------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_group_params(s_ptr, z_ptr, g, num_groups, offs_n, n_mask, N, MAGIC_VALUE: tl.constexpr, SYMMETRIC: tl.constexpr):
+    """Scale s and shifted zero (z + MAGIC_VALUE) of group g for columns offs_n, as fp32 [BLOCK_N].
+
+    Groups past the end (padding rows of the last 128-row block) get s = 0, so they add nothing.
+    """
+    valid = n_mask & ((offs_n * 0 + g) < num_groups)
+    s = tl.load(s_ptr + g * N + offs_n, mask=valid, other=0.0).to(tl.float32)
+    if SYMMETRIC:
+        zz = tl.zeros_like(s) + (8.0 + MAGIC_VALUE)
+    else:
+        zz = tl.load(z_ptr + g * N + offs_n, mask=valid, other=0.0).to(tl.float32) + MAGIC_VALUE
+    return s, zz
+
+
+@triton.jit
+def _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT: tl.constexpr):
+    """Write acc [BLOCK_N, BLOCK_M] (fp32, y^T tile) to y, reducing over split-K programs if needed."""
+    y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
+    mask = n_mask[:, None] & m_mask[None, :]
+    if not IS_SPLIT:
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        pid_k = tl.program_id(2)
+        tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+        mn = M.to(tl.int64) * N
+        part_ptrs = part_ptr + offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
+        tl.store(part_ptrs + pid_k * mn, acc, mask=mask)
+        # Every thread's partial must be written before the counter says so (CTA barrier, then a
+        # release at GPU scope); the last arrival then reads all partials from L2.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            total = tl.zeros_like(acc)
+            for split in range(SPLIT_K):
+                total += tl.load(part_ptrs + split * mn, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(lock_ptr + tile, 0)
+
+
+@triton.jit
+def _split_range(num_blocks, SPLIT_K):
+    """The 128-row blocks [start, end) of K handled by this split-K program."""
+    per_split = tl.cdiv(num_blocks, SPLIT_K)
+    start = tl.program_id(2) * per_split
+    end = tl.minimum(start + per_split, num_blocks)
+    return start, end
+
+
+# --------------------------------------------------------------------------------------------------
+# Tensor-core kernel (split-K decode and tiled mid-size M)
+# --------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _w4a16_tc_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr,
+    M, N, K, num_groups, group_size, stride_xm, stride_ym,
+    FOLD_SUBS: tl.constexpr,  # 16-row slices per scale fold: min(G, 128) / 16 (8 for per-channel)
+    SYMMETRIC: tl.constexpr,
+    MAGIC_BITS: tl.constexpr, MAGIC_VALUE: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K, IS_SPLIT: tl.constexpr,
+):
+    """y[M, N] = x[M, K] @ W[K, N] with W in the kernel-native layout, on tensor cores.
+
+    Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), SPLIT_K). Each program owns the y^T tile
+    [BLOCK_N, BLOCK_M] and the 128-row blocks of its split. Per block it loads one int32 tile
+    [BLOCK_N, 16]; nibble j of that tile is the weight slice of rows 16j..16j+15 as a [BLOCK_N, 16]
+    operand (C + q, exact in DOT_DTYPE) against x^T [16, BLOCK_M]. Assumes BLOCK_M >= 16,
+    x and y unit-stride along their last dim, qweight / scales / zeros contiguous.
+    """
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_mask = offs_n < N
+    m_mask = offs_m < M
+    words_per_row = tl.cdiv(K, 128) * 16
+    offs_w = tl.arange(0, 16)
+    offs_sub = tl.arange(0, 16)
+
+    w_ptrs = qw_ptr + offs_n[:, None].to(tl.int64) * words_per_row + offs_w[None, :]
+    x_ptrs = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + offs_sub[:, None]
+
+    xt_dtype = x_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    block_start, block_end = _split_range(tl.cdiv(K, 128), SPLIT_K)
+    for block in range(block_start, block_end):
+        words = tl.load(w_ptrs + block * 16, mask=n_mask[:, None], other=0, eviction_policy="evict_first")
+        for j in tl.static_range(8):
+            k0 = block * 128 + 16 * j
+            codes = (((words >> (4 * j)) & 0xF) | MAGIC_BITS).to(tl.int16).to(xt_dtype, bitcast=True).to(DOT_DTYPE)
+            xt = tl.load(x_ptrs + k0, mask=((k0 + offs_sub)[:, None] < K) & m_mask[None, :], other=0.0)
+            if j % FOLD_SUBS == 0:
+                part = tl.dot(codes, xt.to(DOT_DTYPE), out_dtype=tl.float32)
+                xsum = tl.sum(xt.to(tl.float32), axis=0)
+            else:
+                part = tl.dot(codes, xt.to(DOT_DTYPE), part, out_dtype=tl.float32)
+                xsum += tl.sum(xt.to(tl.float32), axis=0)
+            if (j + 1) % FOLD_SUBS == 0:
+                g = (block * 128 + 16 * (j + 1 - FOLD_SUBS)) // group_size
+                s, zz = _load_group_params(s_ptr, z_ptr, g, num_groups, offs_n, n_mask, N, MAGIC_VALUE, SYMMETRIC)
+                acc += s[:, None] * part - (s * zz)[:, None] * xsum[None, :]
+
+    _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
+
+
+# --------------------------------------------------------------------------------------------------
+# CUDA-core kernel (M <= 4)
+# --------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _w4a16_gemv_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr,
+    M, N, K, num_groups, group_size, stride_xm, stride_ym,
+    FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K, IS_SPLIT: tl.constexpr,
+):
+    """y[M, N] = x[M, K] @ W[K, N] on CUDA cores (fp32 FMA), for tiny M (BLOCK_M = next pow2 of M).
+
+    Same layout, grid and split-K contract as `_w4a16_tc_kernel`. Codes are made fp32 by the magic
+    number 2**23 (OR into the mantissa); subtracting 2**23 + z gives q - z exactly, so each weight
+    costs shift, and-or, subtract, and one FMA per token. The 16 lanes of a word row stay
+    unreduced in a [BLOCK_N, 16, BLOCK_M] accumulator until the end; the scale multiplies it once
+    per group.
+    """
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_mask = offs_n < N
+    m_mask = offs_m < M
+    words_per_row = tl.cdiv(K, 128) * 16
+    offs_w = tl.arange(0, 16)
+
+    w_ptrs = qw_ptr + offs_n[:, None].to(tl.int64) * words_per_row + offs_w[None, :]
+    x_ptrs = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + offs_w[:, None]
+
+    acc3 = tl.zeros((BLOCK_N, 16, BLOCK_M), dtype=tl.float32)
+    block_start, block_end = _split_range(tl.cdiv(K, 128), SPLIT_K)
+    for block in range(block_start, block_end):
+        words = tl.load(w_ptrs + block * 16, mask=n_mask[:, None], other=0, eviction_policy="evict_first")
+        for j in tl.static_range(8):
+            k0 = block * 128 + 16 * j
+            if j % FOLD_SUBS == 0:
+                g = k0 // group_size
+                s, zz = _load_group_params(s_ptr, z_ptr, g, num_groups, offs_n, n_mask, N, 8388608.0, SYMMETRIC)
+            q_minus_z = (((words >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - zz[:, None]
+            xt = tl.load(x_ptrs + k0, mask=((k0 + offs_w)[:, None] < K) & m_mask[None, :], other=0.0).to(tl.float32)
+            if j % FOLD_SUBS == 0:
+                part3 = q_minus_z[:, :, None] * xt[None, :, :]
+            else:
+                part3 += q_minus_z[:, :, None] * xt[None, :, :]
+            if (j + 1) % FOLD_SUBS == 0:
+                acc3 += s[:, None, None] * part3
+
+    acc = tl.sum(acc3, axis=1)
+    _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
+
+
+# --------------------------------------------------------------------------------------------------
+# Dequantize kernel (dense prefill path)
+# --------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _dequantize_kernel(
+    qw_ptr, s_ptr, z_ptr, w_ptr, N, K, num_groups, group_size,
+    SYMMETRIC: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """w[N, K] (row-major, w's dtype) = (q - z) * s for one [BLOCK_N, 128] block per program.
+
+    Grid (cdiv(N, BLOCK_N), cdiv(K, 128)). Same qweight / scales / zeros contract as the GEMM kernels.
+    """
+    pid_n = tl.program_id(0)
+    block = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_w = tl.arange(0, 16)
+    words_per_row = tl.cdiv(K, 128) * 16
+    words = tl.load(qw_ptr + offs_n[:, None].to(tl.int64) * words_per_row + block * 16 + offs_w[None, :], mask=n_mask[:, None], other=0)
+    for j in tl.static_range(8):
+        k = block * 128 + 16 * j + offs_w
+        g = (block * 128 + 16 * j) // group_size
+        s, zz = _load_group_params(s_ptr, z_ptr, g, num_groups, offs_n, n_mask, N, 0.0, SYMMETRIC)
+        q = ((words >> (4 * j)) & 0xF).to(tl.float32)
+        w = (q - zz[:, None]) * s[:, None]
+        tl.store(w_ptr + offs_n[:, None].to(tl.int64) * K + k[None, :], w.to(w_ptr.dtype.element_ty), mask=n_mask[:, None] & (k[None, :] < K))
+
+
+# --------------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------------
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def validate_gemm_inputs(x, qweight, scales, zeros, perm, in_features: int, group_size: int) -> None:
+    """Raise a clear TypeError / ValueError for anything the kernels cannot take. Cheap (no syncs)."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"x must be a float16 or bfloat16 tensor, got {getattr(x, 'dtype', type(x))}")
+    if qweight.dtype != torch.int32 or qweight.dim() != 2:
+        raise TypeError(f"qweight must be a 2-D int32 tensor [N, Kp/8], got {qweight.dtype} {tuple(qweight.shape)}")
+    k = in_features
+    if k <= 0 or k % 8 != 0:
+        raise ValueError(f"in_features (K) must be a positive multiple of 8, got {k}")
+    if x.dim() < 1 or x.shape[-1] != k:
+        raise ValueError(f"x must have in_features={k} as its last dim, got shape {tuple(x.shape)}")
+    n = qweight.shape[0]
+    words = -(-k // K_BLOCK) * (K_BLOCK // 8)
+    if qweight.shape[1] != words:
+        raise ValueError(f"qweight must have shape [N, ceil(K/128)*16] = [{n}, {words}] for K={k}, got {tuple(qweight.shape)}")
+    if group_size <= 0 or k % group_size != 0:
+        raise ValueError(f"group_size must divide in_features (K={k}), got {group_size}")
+    if group_size != k and not (group_size % 16 == 0 and (128 % group_size == 0 or group_size % 128 == 0)):
+        raise ValueError(f"group_size must be 16, 32, 64, a multiple of 128, or K (per-channel), got {group_size}")
+    if scales.dtype not in _FLOAT_DTYPES or tuple(scales.shape) != (k // group_size, n):
+        raise ValueError(f"scales must be a float tensor of shape [K/G, N] = {(k // group_size, n)}, got {scales.dtype} {tuple(scales.shape)}")
+    if zeros is not None and (zeros.dtype not in _FLOAT_DTYPES or tuple(zeros.shape) != (k // group_size, n)):
+        raise ValueError(f"zeros must be None or a float tensor of shape [K/G, N] = {(k // group_size, n)}, got {zeros.dtype} {tuple(zeros.shape)}")
+    if perm is not None and (perm.dtype != torch.int64 or tuple(perm.shape) != (k,)):
+        raise ValueError(f"perm must be None or an int64 tensor of shape [K] = ({k},), got {perm.dtype} {tuple(perm.shape)}")
+    for name, t in (("qweight", qweight), ("scales", scales), ("zeros", zeros), ("perm", perm)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}: all tensors must be on one device")
+
+
+def _fold_subs(group_size: int, in_features: int) -> int:
+    """16-row slices per scale fold: one fold per group, at most one per 128-row block."""
+    if group_size == in_features or group_size >= K_BLOCK:
+        return K_BLOCK // 16
+    return group_size // 16
+
+
+def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out=None) -> torch.Tensor:
+    m, k = x2.shape
+    n = qweight.shape[0]
+    cfg = plan.config
+    y = torch.empty((m, n), device=x2.device, dtype=x2.dtype) if out is None else out
+    block_n, block_m, split_k = cfg["BLOCK_N"], cfg["BLOCK_M"], cfg["SPLIT_K"]
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split_k)
+    if split_k > 1:
+        part = torch.empty((split_k, m, n), device=x2.device, dtype=torch.float32)
+        lock = torch.zeros(grid[0] * grid[1], device=x2.device, dtype=torch.int32)
+    else:
+        part = lock = y  # unused
+    symmetric = zeros is None
+    common = (
+        x2, qweight, scales, scales if symmetric else zeros, y, part, lock,
+        m, n, k, k // group_size, group_size, x2.stride(0), y.stride(0),
+    )
+    meta = dict(
+        FOLD_SUBS=_fold_subs(group_size, in_features), SYMMETRIC=symmetric,
+        BLOCK_N=block_n, BLOCK_M=block_m, SPLIT_K=split_k, IS_SPLIT=split_k > 1,
+        num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
+    )
+    if plan.path == "gemv":
+        _w4a16_gemv_kernel[grid](*common, **meta)
+    else:
+        _w4a16_tc_kernel[grid](
+            *common, MAGIC_BITS=_MAGIC_BITS[x2.dtype], MAGIC_VALUE=_MAGIC_VALUE[x2.dtype],
+            # Triton's CPU interpreter multiplies bf16 dot operands as raw bits: give it fp32 (exact
+            # for C + q and for bf16 activations); the GPU always runs the bf16 MMA.
+            DOT_DTYPE=tl.float32 if (x2.device.type == "cpu" and x2.dtype == torch.bfloat16) else _TL_DTYPE[x2.dtype],
+            **meta,
+        )
+    return y
+
+
+def dequantize_native(qweight, scales, zeros, in_features: int, group_size: int, dtype: torch.dtype, block_n: int = 64) -> torch.Tensor:
+    """The weight [N, K] (nn.Linear orientation, rows in kernel order) in `dtype`, by a Triton kernel."""
+    n = qweight.shape[0]
+    w = torch.empty((n, in_features), device=qweight.device, dtype=dtype)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(in_features, K_BLOCK))
+    _dequantize_kernel[grid](
+        qweight, scales, scales if zeros is None else zeros, w, n, in_features,
+        in_features // group_size, group_size, SYMMETRIC=zeros is None, BLOCK_N=block_n,
+    )
+    return w
+
+
+def _reference_matmul(x2, qweight, scales, zeros, in_features, group_size) -> torch.Tensor:
+    """Plain torch: dequantize (fp32) and matmul. The CPU path of the op."""
+    codes = unpack_int4_n_major_striped(qweight, in_features).to(torch.float32)
+    s = scales.to(torch.float32).repeat_interleave(group_size, dim=0)
+    z = 8.0 if zeros is None else zeros.to(torch.float32).repeat_interleave(group_size, dim=0)
+    w = (codes - z) * s
+    return (x2.to(torch.float32) @ w).to(x2.dtype)
+
+
+def w4a16_matmul(
+    x, qweight, scales, zeros, perm, in_features: int, group_size: int, path: str = "auto", strict: bool = False,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """y[..., N] = x[..., K] @ W for a kernel-native weight: validate, plan by shape, launch.
+
+    `path="auto"` takes the dispatcher's plan (plain torch on CPU tensors); a named path
+    ("gemv", "splitk", "tiled", "dense", "reference") forces that kernel, which is how tests run the
+    Triton kernels on CPU tensors under TRITON_INTERPRET=1. `out` ([M, N] contiguous, x's dtype)
+    receives the result when given (tests poison it to catch unwritten elements).
+    """
+    validate_gemm_inputs(x, qweight, scales, zeros, perm, in_features, group_size)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, in_features)
+    if perm is not None:
+        x2 = x2.index_select(1, perm)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    n = qweight.shape[0]
+    if m == 0:
+        return x.new_empty((*lead, n))
+    plan = plan_gemm(m, n, in_features, group_size, x2.dtype, x2.device, path=path, symmetric=zeros is None, strict=strict)
+    if out is not None and (tuple(out.shape) != (m, n) or out.dtype != x2.dtype or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous {x2.dtype} tensor of shape [M, N] = {(m, n)}, got {out.dtype} {tuple(out.shape)}")
+    if plan.path == "reference":
+        y = _reference_matmul(x2, qweight, scales, zeros, in_features, group_size)
+    elif plan.path == "dense":
+        w = dequantize_native(qweight, scales, zeros, in_features, group_size, x2.dtype)
+        y = torch.nn.functional.linear(x2, w)
+    else:
+        y = _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, plan, out)
+    if out is not None and y is not out:
+        out.copy_(y)
+        y = out
+    return y.reshape(*lead, n)

@@ -1,0 +1,171 @@
+"""Quantize, pack, unpack and dequantize 4-bit grouped weights in the seed (interchange) layout.
+
+The seed layout is the package's documented interchange format (what importers produce and what
+`w4a16_gemm` accepts):
+
+    packed  int32 [K/8, N]   eight 4-bit codes per word, packed along K, low bits first:
+                             nibble j of packed[i, n] is the code of weight row k = 8*i + j.
+    scales  [K/G, N]         one scale per group of G consecutive rows of one output column.
+    zeros   [K/G, N]         one zero point per group (codes, may be fractional); symmetric means 8.
+    weight  w[k, n] = (q[k, n] - zeros[k // G, n]) * scales[k // G, n]
+
+K = in_features, N = out_features, G = group size (G = K for per-channel; `group_size=-1` is accepted
+as its spelling). Everything here is plain torch: this module is the ground truth the kernels are
+checked against.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "SYMMETRIC_ZERO",
+    "resolve_group_size",
+    "validate_group_size",
+    "quantize_weight_int4_grouped",
+    "pack_int4_k_major",
+    "unpack_int4_k_major",
+    "dequantize_int4_grouped",
+]
+
+SYMMETRIC_ZERO = 8
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def resolve_group_size(group_size: int, in_features: int) -> int:
+    """The effective group size: `-1` (or `in_features`) means one group spanning all of K."""
+    if not isinstance(group_size, int) or isinstance(group_size, bool):
+        raise TypeError(f"group_size must be an int, got {type(group_size).__name__}")
+    return in_features if group_size == -1 else group_size
+
+
+def validate_group_size(group_size: int, in_features: int) -> int:
+    """Check K and G against the kernels' constraints and return the effective group size.
+
+    K must be a positive multiple of 8 (eight codes per int32 word) and of G. G is either K itself
+    (per-channel) or a multiple of 16 that divides 128 (16, 32, 64) or is a multiple of 128.
+    """
+    if in_features <= 0 or in_features % 8 != 0:
+        raise ValueError(f"in_features (K) must be a positive multiple of 8, got K={in_features}")
+    g = resolve_group_size(group_size, in_features)
+    if g <= 0:
+        raise ValueError(f"group_size must be positive or -1 (per-channel), got {group_size}")
+    if in_features % g != 0:
+        raise ValueError(f"in_features (K={in_features}) must be a multiple of group_size (G={g})")
+    if g != in_features and not (g % 16 == 0 and (128 % g == 0 or g % 128 == 0)):
+        raise ValueError(
+            f"group_size must be 16, 32, 64, a multiple of 128, or -1 (per-channel); got {group_size}"
+        )
+    return g
+
+
+def _check_codes(codes: torch.Tensor, name: str) -> None:
+    if codes.dim() != 2:
+        raise ValueError(f"{name} must be 2-D [K, N], got shape {tuple(codes.shape)}")
+    if codes.dtype.is_floating_point or codes.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor of 4-bit codes, got {codes.dtype}")
+
+
+def pack_int4_k_major(codes: torch.Tensor) -> torch.Tensor:
+    """Pack codes [K, N] (values 0..15) into int32 [K/8, N], nibble j of word i = row 8*i + j."""
+    _check_codes(codes, "codes")
+    k, n = codes.shape
+    if k % 8 != 0:
+        raise ValueError(f"codes must have a multiple of 8 rows (K), got K={k}")
+    c = codes.to(torch.int64).reshape(k // 8, 8, n)
+    if bool(((c < 0) | (c > 15)).any()):
+        raise ValueError("codes must lie in [0, 15]")
+    shifts = (torch.arange(8, device=codes.device, dtype=torch.int64) * 4).view(1, 8, 1)
+    words = (c << shifts).sum(dim=1)  # < 2**32, exact in int64
+    return _uint32_to_int32(words)
+
+
+def unpack_int4_k_major(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of `pack_int4_k_major`: int32 [K/8, N] -> uint8 codes [K, N]."""
+    if packed.dtype != torch.int32:
+        raise TypeError(f"packed must be int32, got {packed.dtype}")
+    if packed.dim() != 2:
+        raise ValueError(f"packed must be 2-D [K/8, N], got shape {tuple(packed.shape)}")
+    k8, n = packed.shape
+    shifts = (torch.arange(8, device=packed.device, dtype=torch.int64) * 4).view(1, 8, 1)
+    codes = (packed.to(torch.int64).unsqueeze(1) >> shifts) & 0xF
+    return codes.reshape(k8 * 8, n).to(torch.uint8)
+
+
+def _uint32_to_int32(words: torch.Tensor) -> torch.Tensor:
+    """Reinterpret values in [0, 2**32) held in int64 as int32 bit patterns."""
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def quantize_weight_int4_grouped(
+    weight: torch.Tensor, group_size: int = 128, symmetric: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Round-to-nearest 4-bit quantization of a weight [K, N] (K = in_features) per group along K.
+
+    Returns `(packed int32 [K/8, N], scales [K/G, N], zeros [K/G, N])` in the seed layout. Scales and
+    zeros take the weight's dtype (fp16 for fp32 weights). Asymmetric: the group's [min, max] maps onto
+    codes 0..15 with an integer zero; symmetric: zero is fixed at 8 and scale = max|w| / 7. Each scale
+    is rounded up to its storage dtype so every weight lies within half a step of its code.
+    """
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D [K, N] (in_features, out_features), got shape {tuple(weight.shape)}")
+    if weight.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"weight must be float16, bfloat16 or float32, got {weight.dtype}")
+    k, n = weight.shape
+    g = validate_group_size(group_size, k)
+    store_dtype = torch.float16 if weight.dtype == torch.float32 else weight.dtype
+
+    w = weight.detach().to(torch.float32).reshape(k // g, g, n)
+    if symmetric:
+        step = w.abs().amax(dim=1) / 7.0
+    else:
+        w_min = w.amin(dim=1).clamp(max=0.0)
+        w_max = w.amax(dim=1).clamp(min=0.0)
+        step = (w_max - w_min) / 15.0
+    step = step.clamp(min=torch.finfo(store_dtype).tiny * 16)
+    scales = _round_up_to(step, store_dtype)
+    s = scales.to(torch.float32)
+    if symmetric:
+        zeros_f = torch.full_like(s, float(SYMMETRIC_ZERO))
+    else:
+        zeros_f = torch.round(-w_min / s).clamp(0, 15)
+    codes = torch.round(w / s.unsqueeze(1) + zeros_f.unsqueeze(1)).clamp(0, 15).to(torch.uint8)
+    packed = pack_int4_k_major(codes.reshape(k, n))
+    return packed, scales, zeros_f.to(store_dtype)
+
+
+def _round_up_to(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cast fp32 values to `dtype`, rounding up so the stored value is never smaller."""
+    rounded = values.to(dtype)
+    too_small = rounded.to(torch.float32) < values
+    return torch.where(too_small, torch.nextafter(rounded, torch.full_like(rounded, float("inf"))), rounded)
+
+
+def dequantize_int4_grouped(
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor | None,
+    group_size: int = 128,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Reconstruct the weight [K, N] = (q - z) * s from the seed layout, computed in float64.
+
+    `zeros=None` means symmetric (z = 8). The result is returned in `dtype` (default: the scales' dtype).
+    """
+    codes = unpack_int4_k_major(packed)
+    k, n = codes.shape
+    g = validate_group_size(group_size, k)
+    if scales.dim() != 2 or tuple(scales.shape) != (k // g, n):
+        raise ValueError(f"scales must have shape [K/G, N] = {(k // g, n)}, got {tuple(scales.shape)}")
+    if zeros is not None and tuple(zeros.shape) != (k // g, n):
+        raise ValueError(f"zeros must have shape [K/G, N] = {(k // g, n)}, got {tuple(zeros.shape)}")
+    s = scales.to(torch.float64).repeat_interleave(g, dim=0)
+    z = (
+        torch.full_like(s, float(SYMMETRIC_ZERO))
+        if zeros is None
+        else zeros.to(torch.float64).repeat_interleave(g, dim=0)
+    )
+    w = (codes.to(torch.float64) - z) * s
+    return w.to(dtype or scales.dtype)
