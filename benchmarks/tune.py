@@ -27,35 +27,31 @@ def candidates(m: int, n: int, k: int, sm_count: int):
     """(path, config) pairs worth timing for this shape; split-K only where it can fill the SMs."""
     k_blocks = -(-k // 128)
 
-    def splits(tiles):
-        out = [1]
-        for s in (2, 3, 4, 6, 8, 12, 16):
-            if tiles * s <= 4 * sm_count and k_blocks // s >= 2:
-                out.append(s)
-        return out
+    def splits(tiles, most=16):
+        return [s for s in (1, 2, 4, 8, 16) if s <= most and (s == 1 or (tiles * s <= 4 * sm_count and k_blocks // s >= 2))]
 
     def cfg(bn, bm, w, st, split):
         return {"BLOCK_N": bn, "BLOCK_M": bm, "SPLIT_K": split, "num_warps": w, "num_stages": st}
 
-    if m <= 4:
+    if m <= 2:
         bm = 1 << (m - 1).bit_length()
-        for bn, w, st in ((64, 4, 3), (128, 4, 3), (128, 8, 4), (256, 8, 3)):
+        for bn, w, st in ((128, 4, 3), (256, 8, 3)):
             for split in splits(-(-n // bn)):
                 yield "gemv", cfg(bn, bm, w, st, split)
-    if m <= 128:
+    if m <= 64:
         bm = 16 if m <= 16 else (32 if m <= 32 else 64)
-        for bn, w, st in ((64, 4, 4), (128, 4, 4), (128, 8, 4), (64, 4, 6)):
+        for bn, w, st in ((64, 4, 4), (128, 4, 4), (128, 8, 4), (256, 8, 3)):
             tiles = -(-n // bn) * -(-m // bm)
             for split in splits(tiles):
                 yield ("splitk" if split > 1 else "tiled"), cfg(bn, bm, w, st, split)
-    if m >= 32:
-        for bn, bm, w, st in ((128, 64, 4, 3), (128, 128, 8, 3), (256, 64, 8, 3), (256, 128, 8, 3), (128, 128, 4, 4)):
+    if m >= 64:
+        for bn, bm, w, st in ((128, 64, 4, 3), (128, 128, 8, 3), (256, 64, 8, 3), (256, 128, 8, 3)):
             if bm > 2 * m:
                 continue
             tiles = -(-n // bn) * -(-m // bm)
-            for split in [s for s in splits(tiles) if s <= 4]:
+            for split in splits(tiles, most=2):
                 yield ("splitk" if split > 1 else "tiled"), cfg(bn, bm, w, st, split)
-    if m >= 128:
+    if m >= 256:
         yield "dense", {}
 
 
@@ -123,6 +119,12 @@ def main() -> None:
             print(f"{shape['name']:12s} M={m:5d} best {path:7s} {config} {us:8.2f} us", flush=True)
         del weights
         torch.cuda.empty_cache()
+        write_table(args, info, group_size, entries, log)
+    print(f"wrote {args.out} ({len(entries)} entries)")
+
+
+def write_table(args, info, group_size, entries, log) -> None:
+    """Written after every shape, so a run cut short still leaves what it measured."""
     table = {
         "about": "Fastest measured path and launch configuration per (N, K, M bucket); regenerate with benchmarks/tune.py.",
         "applies_to": ["H200", "H100"],
@@ -133,7 +135,6 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(table, indent=1) + "\n")
     if args.log:
         Path(args.log).write_text(json.dumps(log, indent=1) + "\n")
-    print(f"wrote {args.out} ({len(entries)} entries)")
 
 
 if __name__ == "__main__":

@@ -64,6 +64,19 @@ def _load_group_params(s_ptr, z_ptr, g, num_groups, offs_n, n_mask, N, MAGIC_VAL
 
 
 @triton.jit
+def _load_group_params_2d(s_ptr, z_ptr, groups, num_groups, offs_n, n_mask, N, MAGIC_VALUE: tl.constexpr, SYMMETRIC: tl.constexpr):
+    """Like `_load_group_params` for a vector of groups (one per word column): [BLOCK_N, 16, 1]."""
+    offs = groups[None, :, None] * N + offs_n[:, None, None]
+    valid = n_mask[:, None, None] & (groups[None, :, None] < num_groups)
+    s = tl.load(s_ptr + offs, mask=valid, other=0.0).to(tl.float32)
+    if SYMMETRIC:
+        zz = tl.zeros_like(s) + (8.0 + MAGIC_VALUE)
+    else:
+        zz = tl.load(z_ptr + offs, mask=valid, other=0.0).to(tl.float32) + MAGIC_VALUE
+    return s, zz
+
+
+@triton.jit
 def _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT: tl.constexpr):
     """Write acc [BLOCK_N, BLOCK_M] (fp32, y^T tile) to y, reducing over split-K programs if needed."""
     y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
@@ -73,9 +86,8 @@ def _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask
     else:
         pid_k = tl.program_id(2)
         tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-        mn = M.to(tl.int64) * N
         part_ptrs = part_ptr + offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
-        tl.store(part_ptrs + pid_k * mn, acc, mask=mask)
+        tl.store(part_ptrs + pid_k * M * N, acc, mask=mask)  # < 2**31: checked by the launcher
         # Every thread's partial must be written before the counter says so (CTA barrier, then a
         # release at GPU scope); the last arrival then reads all partials from L2.
         tl.debug_barrier()
@@ -83,9 +95,78 @@ def _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask
         if arrived == SPLIT_K - 1:
             total = tl.zeros_like(acc)
             for split in range(SPLIT_K):
-                total += tl.load(part_ptrs + split * mn, mask=mask, other=0.0, cache_modifier=".cg")
+                total += tl.load(part_ptrs + split * M * N, mask=mask, other=0.0, cache_modifier=".cg")
             tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=mask)
             tl.atomic_xchg(lock_ptr + tile, 0)
+
+
+@triton.jit
+def _load_x_rows(ptrs, offs_k, K, m_mask, EVEN_K: tl.constexpr, CACHE: tl.constexpr):
+    """x^T rows offs_k as a [rows, BLOCK_M] tile. Without a K mask (EVEN_K) the load is vectorised
+    along K, so the software pipeliner can stream it with asynchronous copies."""
+    if EVEN_K:
+        return tl.load(ptrs, mask=m_mask[None, :], other=0.0, cache_modifier=CACHE)
+    return tl.load(ptrs, mask=(offs_k[:, None] < K) & m_mask[None, :], other=0.0, cache_modifier=CACHE)
+
+
+@triton.jit
+def _concat_k(a, b):
+    """[R, C] and [R, C] -> [R, 2C] = [a | b] (register relabelling: join, permute, reshape)."""
+    return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), (a.shape[0], 2 * a.shape[1]))
+
+
+@triton.jit
+def _unpack_slices(words, MAGIC_BITS: tl.constexpr, XT_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A [BLOCK_N, 16] word tile -> the 8 slices [BLOCK_N, 16] of MAGIC + code, as a tuple (slice j).
+
+    For q = 0..3 one shift and one and-or turn every word into two 16-bit magic values, the row
+    pair (2p, 2p+1) of slice 4h + q (see layout.py); even word columns (h = 0) hold slices 0..3, odd
+    ones (h = 1) slices 4..7. Split, join and reshape only relabel registers.
+    """
+    magic2: tl.constexpr = MAGIC_BITS * 0x10001
+    low_slices = ()
+    high_slices = ()
+    for q in tl.static_range(4):
+        pairs = ((words >> (4 * q)) & 0x000F000F) | magic2  # [BLOCK_N, 16]: word c = 2p + h (words: uint32)
+        even, odd = tl.split(tl.reshape(pairs, (BLOCK_N, 8, 2)))
+        low_slices = low_slices + (_pairs_to_slice(even, XT_DTYPE, BLOCK_N).to(DOT_DTYPE),)
+        high_slices = high_slices + (_pairs_to_slice(odd, XT_DTYPE, BLOCK_N).to(DOT_DTYPE),)
+    return low_slices + high_slices
+
+
+@triton.jit
+def _pairs_to_slice(pairs, XT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """uint32 [BLOCK_N, 8] of 16-bit pairs (row 2p low, row 2p+1 high) -> [BLOCK_N, 16] values.
+
+    The pair already sits in one register the way the MMA operand wants it; truncate / shift /
+    join only name the halves. (A PTX register split via inline asm compiled to the same SASS on
+    sm_90 with Triton 3.6, so no inline-asm path is kept.)
+    """
+    low = pairs.to(tl.uint16)
+    high = (pairs >> 16).to(tl.uint16)
+    return tl.reshape(tl.join(low, high), (BLOCK_N, 16)).to(XT_DTYPE, bitcast=True)
+
+
+@triton.jit
+def _row_of(c, r: tl.constexpr):
+    """Row within a 128-row block of word column c (tensor), nibble r (see layout.py)."""
+    return 16 * (4 * (c % 2) + (r % 4)) + 2 * (c // 2) + r // 4
+
+
+@triton.jit
+def _concat_slices(slices, START: tl.constexpr, COUNT: tl.constexpr):
+    """slices[START : START + COUNT] (each [R, 16]) concatenated along K, COUNT in {1, 2, 4, 8}."""
+    if COUNT == 1:
+        return slices[START]
+    elif COUNT == 2:
+        return _concat_k(slices[START], slices[START + 1])
+    elif COUNT == 4:
+        return _concat_k(_concat_k(slices[START], slices[START + 1]), _concat_k(slices[START + 2], slices[START + 3]))
+    else:
+        return _concat_k(
+            _concat_k(_concat_k(slices[START], slices[START + 1]), _concat_k(slices[START + 2], slices[START + 3])),
+            _concat_k(_concat_k(slices[START + 4], slices[START + 5]), _concat_k(slices[START + 6], slices[START + 7])),
+        )
 
 
 @triton.jit
@@ -109,15 +190,20 @@ def _w4a16_tc_kernel(
     FOLD_SUBS: tl.constexpr,  # 16-row slices per scale fold: min(G, 128) / 16 (8 for per-channel)
     SYMMETRIC: tl.constexpr,
     MAGIC_BITS: tl.constexpr, MAGIC_VALUE: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K, IS_SPLIT: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K, IS_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
 ):
     """y[M, N] = x[M, K] @ W[K, N] with W in the kernel-native layout, on tensor cores.
 
     Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), SPLIT_K). Each program owns the y^T tile
-    [BLOCK_N, BLOCK_M] and the 128-row blocks of its split. Per block it loads one int32 tile
-    [BLOCK_N, 16]; nibble j of that tile is the weight slice of rows 16j..16j+15 as a [BLOCK_N, 16]
-    operand (C + q, exact in DOT_DTYPE) against x^T [16, BLOCK_M]. Assumes BLOCK_M >= 16,
-    x and y unit-stride along their last dim, qweight / scales / zeros contiguous.
+    [BLOCK_N, BLOCK_M] (weights on the wide side of the MMA, tokens on the narrow side) and the
+    128-row blocks of its split. Per block it loads one int32 tile [BLOCK_N, 16]; nibble j of that
+    tile is the weight slice of rows 16j..16j+15 as a [BLOCK_N, 16] matrix (C + q, exact in
+    DOT_DTYPE). The slices of one scale group are concatenated along K (join / permute / reshape:
+    register relabelling, no data movement) into one operand, so each group costs one dot against
+    the matching x^T tile, then one fold of scale and zero into the fp32 accumulator.
+    Assumes BLOCK_M >= 16, x and y unit-stride along their last dim, qweight / scales / zeros
+    contiguous. The weight and x^T tiles are only used by the dot, which lets Triton's software
+    pipeliner stream both with asynchronous copies.
     """
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -127,30 +213,29 @@ def _w4a16_tc_kernel(
     m_mask = offs_m < M
     words_per_row = tl.cdiv(K, 128) * 16
     offs_w = tl.arange(0, 16)
-    offs_sub = tl.arange(0, 16)
+    FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
+    offs_fold = tl.arange(0, FOLD_ROWS)
 
     w_ptrs = qw_ptr + offs_n[:, None].to(tl.int64) * words_per_row + offs_w[None, :]
-    x_ptrs = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + offs_sub[:, None]
-
+    x_ptrs = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + offs_fold[:, None]  # x^T [FOLD_ROWS, BLOCK_M]
     xt_dtype = x_ptr.dtype.element_ty
+
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     block_start, block_end = _split_range(tl.cdiv(K, 128), SPLIT_K)
     for block in range(block_start, block_end):
-        words = tl.load(w_ptrs + block * 16, mask=n_mask[:, None], other=0, eviction_policy="evict_first")
-        for j in tl.static_range(8):
-            k0 = block * 128 + 16 * j
-            codes = (((words >> (4 * j)) & 0xF) | MAGIC_BITS).to(tl.int16).to(xt_dtype, bitcast=True).to(DOT_DTYPE)
-            xt = tl.load(x_ptrs + k0, mask=((k0 + offs_sub)[:, None] < K) & m_mask[None, :], other=0.0)
-            if j % FOLD_SUBS == 0:
-                part = tl.dot(codes, xt.to(DOT_DTYPE), out_dtype=tl.float32)
-                xsum = tl.sum(xt.to(tl.float32), axis=0)
-            else:
-                part = tl.dot(codes, xt.to(DOT_DTYPE), part, out_dtype=tl.float32)
-                xsum += tl.sum(xt.to(tl.float32), axis=0)
-            if (j + 1) % FOLD_SUBS == 0:
-                g = (block * 128 + 16 * (j + 1 - FOLD_SUBS)) // group_size
-                s, zz = _load_group_params(s_ptr, z_ptr, g, num_groups, offs_n, n_mask, N, MAGIC_VALUE, SYMMETRIC)
-                acc += s[:, None] * part - (s * zz)[:, None] * xsum[None, :]
+        # uint32 so that shifts are logical (no sign extension to mask away)
+        words = tl.load(w_ptrs + block * 16, mask=n_mask[:, None], other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+        slices = _unpack_slices(words, MAGIC_BITS, xt_dtype, DOT_DTYPE, BLOCK_N)
+        for f in tl.static_range(8 // FOLD_SUBS):
+            k0 = block * 128 + f * FOLD_ROWS
+            a = _concat_slices(slices, f * FOLD_SUBS, FOLD_SUBS)  # [BLOCK_N, FOLD_ROWS]
+            xt = _load_x_rows(x_ptrs + k0, k0 + offs_fold, K, m_mask, EVEN_K, "")
+            part = tl.dot(a, xt.to(DOT_DTYPE), out_dtype=tl.float32)
+            # The row sums come from a second load of the tile (a distinct cache modifier keeps the
+            # two loads apart), so the first stays a pure dot operand.
+            xsum = tl.sum(_load_x_rows(x_ptrs + k0, k0 + offs_fold, K, m_mask, EVEN_K, ".ca").to(tl.float32), axis=0)
+            s, zz = _load_group_params(s_ptr, z_ptr, k0 // group_size, num_groups, offs_n, n_mask, N, MAGIC_VALUE, SYMMETRIC)
+            acc += s[:, None] * part - (s * zz)[:, None] * xsum[None, :]
 
     _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
 
@@ -165,15 +250,17 @@ def _w4a16_gemv_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr,
     M, N, K, num_groups, group_size, stride_xm, stride_ym,
     FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K, IS_SPLIT: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K, IS_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
 ):
     """y[M, N] = x[M, K] @ W[K, N] on CUDA cores (fp32 FMA), for tiny M (BLOCK_M = next pow2 of M).
 
     Same layout, grid and split-K contract as `_w4a16_tc_kernel`. Codes are made fp32 by the magic
     number 2**23 (OR into the mantissa); subtracting 2**23 + z gives q - z exactly, so each weight
-    costs shift, and-or, subtract, and one FMA per token. The 16 lanes of a word row stay
-    unreduced in a [BLOCK_N, 16, BLOCK_M] accumulator until the end; the scale multiplies it once
-    per group.
+    costs shift, and-or, subtract, and one FMA per token. Everything lives in one 3-D layout
+    [BLOCK_N, 16 words, BLOCK_M] (words as [BLOCK_N, 16, 1], x gathered as [1, 16, BLOCK_M]) so no
+    register shuffles are needed; the word lanes are reduced once at the end. With one group per
+    128-row block (G >= 128) the scale multiplies the accumulator once per block; smaller groups
+    scale each weight (the two halves of a word column pair can lie in different groups).
     """
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -184,26 +271,35 @@ def _w4a16_gemv_kernel(
     words_per_row = tl.cdiv(K, 128) * 16
     offs_w = tl.arange(0, 16)
 
-    w_ptrs = qw_ptr + offs_n[:, None].to(tl.int64) * words_per_row + offs_w[None, :]
-    x_ptrs = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + offs_w[:, None]
+    w_ptrs = qw_ptr + offs_n[:, None, None].to(tl.int64) * words_per_row + offs_w[None, :, None]
+    x_ptrs = x_ptr + offs_m[None, None, :].to(tl.int64) * stride_xm
+    w_mask = n_mask[:, None, None]
+    x_mask = m_mask[None, None, :]
 
     acc3 = tl.zeros((BLOCK_N, 16, BLOCK_M), dtype=tl.float32)
     block_start, block_end = _split_range(tl.cdiv(K, 128), SPLIT_K)
     for block in range(block_start, block_end):
-        words = tl.load(w_ptrs + block * 16, mask=n_mask[:, None], other=0, eviction_policy="evict_first")
-        for j in tl.static_range(8):
-            k0 = block * 128 + 16 * j
-            if j % FOLD_SUBS == 0:
-                g = k0 // group_size
-                s, zz = _load_group_params(s_ptr, z_ptr, g, num_groups, offs_n, n_mask, N, 8388608.0, SYMMETRIC)
-            q_minus_z = (((words >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - zz[:, None]
-            xt = tl.load(x_ptrs + k0, mask=((k0 + offs_w)[:, None] < K) & m_mask[None, :], other=0.0).to(tl.float32)
-            if j % FOLD_SUBS == 0:
-                part3 = q_minus_z[:, :, None] * xt[None, :, :]
+        words = tl.load(w_ptrs + block * 16, mask=w_mask, other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+        if FOLD_SUBS == 8:
+            s, zz = _load_group_params(s_ptr, z_ptr, (block * 128) // group_size, num_groups, offs_n, n_mask, N, 8388608.0, SYMMETRIC)
+            zz3 = zz[:, None, None]
+        for r in tl.static_range(8):
+            rows = block * 128 + _row_of(offs_w, r)  # [16]
+            codes = (((words >> (4 * r)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
+            if EVEN_K:
+                xt = tl.load(x_ptrs + rows[None, :, None], mask=x_mask, other=0.0).to(tl.float32)
             else:
-                part3 += q_minus_z[:, :, None] * xt[None, :, :]
-            if (j + 1) % FOLD_SUBS == 0:
-                acc3 += s[:, None, None] * part3
+                xt = tl.load(x_ptrs + rows[None, :, None], mask=x_mask & (rows[None, :, None] < K), other=0.0).to(tl.float32)
+            if FOLD_SUBS == 8:
+                if r == 0:
+                    part3 = (codes - zz3) * xt
+                else:
+                    part3 += (codes - zz3) * xt
+            else:
+                s3, zz3 = _load_group_params_2d(s_ptr, z_ptr, rows // group_size, num_groups, offs_n, n_mask, N, 8388608.0, SYMMETRIC)
+                acc3 += ((codes - zz3) * s3) * xt
+        if FOLD_SUBS == 8:
+            acc3 += s[:, None, None] * part3
 
     acc = tl.sum(acc3, axis=1)
     _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
@@ -230,13 +326,12 @@ def _dequantize_kernel(
     offs_w = tl.arange(0, 16)
     words_per_row = tl.cdiv(K, 128) * 16
     words = tl.load(qw_ptr + offs_n[:, None].to(tl.int64) * words_per_row + block * 16 + offs_w[None, :], mask=n_mask[:, None], other=0)
-    for j in tl.static_range(8):
-        k = block * 128 + 16 * j + offs_w
-        g = (block * 128 + 16 * j) // group_size
-        s, zz = _load_group_params(s_ptr, z_ptr, g, num_groups, offs_n, n_mask, N, 0.0, SYMMETRIC)
-        q = ((words >> (4 * j)) & 0xF).to(tl.float32)
-        w = (q - zz[:, None]) * s[:, None]
-        tl.store(w_ptr + offs_n[:, None].to(tl.int64) * K + k[None, :], w.to(w_ptr.dtype.element_ty), mask=n_mask[:, None] & (k[None, :] < K))
+    for r in tl.static_range(8):
+        rows = block * 128 + _row_of(offs_w, r)  # [16]
+        s3, zz3 = _load_group_params_2d(s_ptr, z_ptr, rows // group_size, num_groups, offs_n, n_mask, N, 0.0, SYMMETRIC)
+        q = ((words >> (4 * r)) & 0xF).to(tl.float32)
+        w = (q - tl.reshape(zz3, (BLOCK_N, 16))) * tl.reshape(s3, (BLOCK_N, 16))
+        tl.store(w_ptr + offs_n[:, None].to(tl.int64) * K + rows[None, :], w.to(w_ptr.dtype.element_ty), mask=n_mask[:, None] & (rows[None, :] < K))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -291,6 +386,8 @@ def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, p
     block_n, block_m, split_k = cfg["BLOCK_N"], cfg["BLOCK_M"], cfg["SPLIT_K"]
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split_k)
     if split_k > 1:
+        if split_k * m * n >= 2**31:
+            raise ValueError(f"split-K workspace too large for int32 offsets: SPLIT_K={split_k}, M={m}, N={n}")
         part = torch.empty((split_k, m, n), device=x2.device, dtype=torch.float32)
         lock = torch.zeros(grid[0] * grid[1], device=x2.device, dtype=torch.int32)
     else:
@@ -302,7 +399,7 @@ def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, p
     )
     meta = dict(
         FOLD_SUBS=_fold_subs(group_size, in_features), SYMMETRIC=symmetric,
-        BLOCK_N=block_n, BLOCK_M=block_m, SPLIT_K=split_k, IS_SPLIT=split_k > 1,
+        BLOCK_N=block_n, BLOCK_M=block_m, SPLIT_K=split_k, IS_SPLIT=split_k > 1, EVEN_K=k % K_BLOCK == 0,
         num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
     )
     if plan.path == "gemv":

@@ -1,14 +1,18 @@
 """The kernel-native weight layout and the one-time repack into it from the seed layout.
 
-Kernel-native layout ("N-major, K-striped"), made once at load by `prepare_weight`:
+Kernel-native layout ("N-major, K-striped, pair-interleaved"), made once at load by `prepare_weight`:
 
     qweight int32 [N, Kp/8], Kp = K rounded up to a multiple of 128 (padding rows hold code 0).
     K is cut into blocks of 128 rows; block b owns word columns b*16 .. b*16+15 of every output row n.
-    Nibble j (bits 4j..4j+3) of word qweight[n, b*16 + i] holds the code of weight row
-        k = b*128 + 16*j + i.
-    So one [BLOCK_N, 16] tile of words holds a [BLOCK_N, 128] block of the weight, and taking
-    nibble j of every word yields the contiguous 16-row slice k = b*128 + 16*j .. +15 directly as a
-    [BLOCK_N, 16] matrix operand: no reshape, interleave or transpose of the unpacked tile.
+    Each block is 8 slices of 16 rows (slice j = rows b*128 + 16j .. +15). Word column c = 2p + h
+    (p = 0..7, h = 0..1) holds, at nibble r = q + 4t (q = 0..3, t = 0..1, bits 4r..4r+3), the code of
+        k = b*128 + 16*(4h + q) + 2p + t,
+    i.e. the pair of rows (2p, 2p+1) of the four slices 4h .. 4h+3: nibbles q and q+4 are the two
+    rows of one pair. So `(word >> 4q) & 0x000F000F | 0x64006400` turns a word into the two fp16
+    values (1024 + code) of one row pair of slice 4h+q with one shift and one LOP3, already packed
+    the way a tensor-core operand register holds two neighbouring k (magic-number dequant, two
+    weights per instruction). Splitting the even and odd word columns of that result gives the
+    [BLOCK_N, 16] slices 4h+q without moving data between threads.
 
     scales [K/G, N] and zeros [K/G, N] (or None: symmetric, zero 8) keep the seed layout.
     perm int64 [K] or None: act-order. Rows were sorted so that groups are contiguous; the GEMM
@@ -36,8 +40,8 @@ __all__ = [
     "act_order_permutation",
 ]
 
-K_BLOCK = 128  # rows of K per stripe block: 8 nibbles x 16 words
-_SUB = K_BLOCK // 8  # rows per nibble slice (the depth of one sub-dot)
+K_BLOCK = 128  # rows of K per block: 16 words x 8 nibbles
+_NIBBLE_SHIFTS = torch.arange(8, dtype=torch.int64) * 4
 
 
 def pack_int4_n_major_striped(codes: torch.Tensor) -> torch.Tensor:
@@ -48,10 +52,9 @@ def pack_int4_n_major_striped(codes: torch.Tensor) -> torch.Tensor:
     kp = -(-k // K_BLOCK) * K_BLOCK
     c = torch.zeros((kp, n), dtype=torch.int64, device=codes.device)
     c[:k] = codes.to(torch.int64)
-    # [Kp, N] -> [N, blocks, nibble j, word i]
-    c = c.t().reshape(n, kp // K_BLOCK, 8, _SUB)
-    shifts = (torch.arange(8, device=codes.device, dtype=torch.int64) * 4).view(1, 1, 8, 1)
-    words = (c << shifts).sum(dim=2)  # [N, blocks, 16]
+    # k = b*128 + 16*(4h + q) + 2p + t  ->  [N, b, h, q, p, t]  ->  [N, b, p, h, t, q] = [N, b, word c, nibble r]
+    c = c.t().reshape(n, kp // K_BLOCK, 2, 4, 8, 2).permute(0, 1, 4, 2, 5, 3).reshape(n, kp // K_BLOCK, 16, 8)
+    words = (c << _NIBBLE_SHIFTS.to(codes.device)).sum(dim=3)  # [N, blocks, 16], < 2**32
     words = torch.where(words >= 2**31, words - 2**32, words)
     return words.reshape(n, kp // 8).to(torch.int32).contiguous()
 
@@ -59,9 +62,10 @@ def pack_int4_n_major_striped(codes: torch.Tensor) -> torch.Tensor:
 def unpack_int4_n_major_striped(qweight: torch.Tensor, in_features: int) -> torch.Tensor:
     """Inverse of `pack_int4_n_major_striped`: int32 [N, Kp/8] -> uint8 codes [K, N]."""
     n, kp8 = qweight.shape
-    shifts = (torch.arange(8, device=qweight.device, dtype=torch.int64) * 4).view(1, 1, 8, 1)
-    w = qweight.to(torch.int64).reshape(n, kp8 // _SUB, 1, _SUB)
-    codes = ((w >> shifts) & 0xF).reshape(n, kp8 * 8)
+    blocks = kp8 // 16
+    nibbles = (qweight.to(torch.int64).reshape(n, blocks, 16, 1) >> _NIBBLE_SHIFTS.to(qweight.device)) & 0xF
+    # [N, b, p, h, t, q] -> [N, b, h, q, p, t] = rows in order
+    codes = nibbles.reshape(n, blocks, 8, 2, 2, 4).permute(0, 1, 3, 5, 2, 4).reshape(n, blocks * K_BLOCK)
     return codes[:, :in_features].t().to(torch.uint8).contiguous()
 
 

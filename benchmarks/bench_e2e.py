@@ -1,0 +1,186 @@
+"""End-to-end decode: a Llama-3-8B-shaped decoder, fp16 against W4A16, CUDA-graph decode steps (GPU).
+
+    python benchmarks/bench_e2e.py [--batches 1,16] [--layers 32] [--out benchmarks/results/h200_e2e.json]
+
+The model is a compact Llama decoder written here (RMSNorm, fused qkv with GQA and RoPE, SDPA over a
+static KV cache, fused gate_up with SiLU, down; random weights, no downloads) with Llama-3-8B's
+shapes. One decode step (one new token per sequence, a KV cache of `--context` tokens) is captured
+in a CUDA graph and replayed. Quality: the W4A16 model's logits against the same model with the
+dequantized weights in fp16 (must agree to kernel tolerance) and against the original fp16 model
+(the 4-bit quantization error, reported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import timing  # noqa: E402
+
+LLAMA3_8B = dict(dim=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=128256, rope_theta=500000.0)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+class Block(nn.Module):
+    def __init__(self, cfg, batch, max_seq):
+        super().__init__()
+        d, h, kvh = cfg["dim"], cfg["heads"], cfg["kv_heads"]
+        self.h, self.kvh, self.hd = h, kvh, d // h
+        self.attn_norm, self.mlp_norm = RMSNorm(d), RMSNorm(d)
+        self.qkv = nn.Linear(d, (h + 2 * kvh) * self.hd, bias=False)
+        self.o = nn.Linear(h * self.hd, d, bias=False)
+        self.gate_up = nn.Linear(d, 2 * cfg["ffn"], bias=False)
+        self.down = nn.Linear(cfg["ffn"], d, bias=False)
+        self.register_buffer("k_cache", torch.zeros(batch, kvh, max_seq, self.hd), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(batch, kvh, max_seq, self.hd), persistent=False)
+
+    def forward(self, x, pos, cos, sin, mask):
+        b = x.shape[0]
+        q, k, v = self.qkv(self.attn_norm(x)).split([self.h * self.hd, self.kvh * self.hd, self.kvh * self.hd], dim=-1)
+        q = rope(q.view(b, 1, self.h, self.hd).transpose(1, 2), cos, sin)
+        k = rope(k.view(b, 1, self.kvh, self.hd).transpose(1, 2), cos, sin)
+        self.k_cache.index_copy_(2, pos, k)
+        self.v_cache.index_copy_(2, pos, v.view(b, 1, self.kvh, self.hd).transpose(1, 2))
+        attn = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask, enable_gqa=True)
+        x = x + self.o(attn.transpose(1, 2).reshape(b, 1, self.h * self.hd))
+        gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+def rope(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg, batch, max_seq):
+        super().__init__()
+        self.embed = nn.Embedding(cfg["vocab"], cfg["dim"])
+        self.blocks = nn.ModuleList(Block(cfg, batch, max_seq) for _ in range(cfg["layers"]))
+        self.norm = RMSNorm(cfg["dim"])
+        self.lm_head = nn.Linear(cfg["dim"], cfg["vocab"], bias=False)
+        hd = cfg["dim"] // cfg["heads"]
+        inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, hd, 2).float() / hd))
+        ang = torch.outer(torch.arange(max_seq).float(), inv)
+        self.register_buffer("cos", ang.cos(), persistent=False)
+        self.register_buffer("sin", ang.sin(), persistent=False)
+        self.register_buffer("positions", torch.arange(max_seq), persistent=False)
+
+    def forward(self, tokens, pos):
+        """One decode step: tokens [B, 1], pos int64 [1] (device tensor: graph-safe)."""
+        x = self.embed(tokens)
+        cos, sin = self.cos[pos].to(x.dtype), self.sin[pos].to(x.dtype)
+        mask = (self.positions <= pos).view(1, 1, 1, -1)
+        for block in self.blocks:
+            x = block(x, pos, cos, sin, mask)
+        return self.lm_head(self.norm(x)).float()
+
+
+def weight_bytes(model) -> int:
+    return sum(t.numel() * t.element_size() for n, t in list(model.named_parameters()) + list(model.named_buffers())
+               if "cache" not in n and n not in ("cos", "sin", "positions") and not n.endswith((".cos", ".sin", ".positions")))
+
+
+def graph_step_ms(model, tokens, pos, replays=30) -> float:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.inference_mode():
+        for _ in range(3):
+            model(tokens, pos)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.inference_mode():
+        model(tokens, pos)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / replays
+
+
+def rel_err(a, b) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--layers", type=int, default=LLAMA3_8B["layers"])
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+
+    kernel = timing.load_kernel()
+    cfg = dict(LLAMA3_8B, layers=args.layers)
+    batches = [int(b) for b in args.batches.split(",")]
+    max_seq = args.context + 8
+    torch.manual_seed(0)
+    rows, quality = [], {}
+    for batch in batches:
+        with torch.device("cuda"):
+            fp16 = Decoder(cfg, batch, max_seq).half()
+        for p in fp16.parameters():
+            if p.dim() == 2:
+                p.data.normal_(0, 0.02)
+        for block in fp16.blocks:  # a filled context of random keys / values
+            block.k_cache.normal_()
+            block.v_cache.normal_()
+        w4 = copy.deepcopy(fp16)
+        summary = kernel.layers.convert_to_w4a16(w4, group_size=128, skip=("lm_head",))
+        print(summary, flush=True)
+        tokens = torch.randint(0, cfg["vocab"], (batch, 1), device="cuda")
+        pos = torch.tensor([args.context], device="cuda")
+        for impl, model in (("fp16", fp16), ("w4a16", w4)):
+            ms = graph_step_ms(model, tokens, pos)
+            rows.append(dict(batch=batch, impl=impl, tokens_per_s=batch * 1000.0 / ms, ms_per_step=ms, weight_bytes=weight_bytes(model)))
+            print(f"batch {batch:3d} {impl:6s} {ms:7.3f} ms/step {batch * 1000.0 / ms:9.1f} tok/s weights {weight_bytes(model) / 2**30:.2f} GiB", flush=True)
+        if batch == batches[0]:
+            with torch.inference_mode():
+                logits_w4 = w4(tokens, pos)
+                logits_fp16 = fp16(tokens, pos)
+                for name in summary.converted:  # the same model with the dequantized weights in fp16
+                    fp16.get_submodule(name).weight.copy_(w4.get_submodule(name).dequantized_weight(torch.float16))
+                logits_deq = fp16(tokens, pos)
+            quality = {
+                "rel_err_w4a16_vs_dequantized_fp16": rel_err(logits_w4, logits_deq),
+                "rel_err_w4a16_vs_original_fp16": rel_err(logits_w4, logits_fp16),
+                "top1_agreement_vs_original_fp16": float((logits_w4.argmax(-1) == logits_fp16.argmax(-1)).float().mean()),
+            }
+            print(quality, flush=True)
+            assert quality["rel_err_w4a16_vs_dequantized_fp16"] < 2e-2, quality
+        del fp16, w4
+        torch.cuda.empty_cache()
+    for b in batches:
+        f, w = (next(r for r in rows if r["batch"] == b and r["impl"] == i) for i in ("fp16", "w4a16"))
+        print(f"batch {b}: W4A16 {w['tokens_per_s'] / f['tokens_per_s']:.2f}x fp16 tokens/s")
+    if args.out:
+        result = {**timing.machine_info(), "model": f"Llama-3-8B-shaped decoder ({cfg['layers']} layers, random weights, KV context {args.context}), lm_head kept fp16",
+                  "method": "one decode step captured in a CUDA graph, mean of 30 replays", "quality": quality, "rows": rows}
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

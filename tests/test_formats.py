@@ -1,0 +1,331 @@
+"""Checkpoint importers (GPTQ, AWQ, compressed-tensors) against independent reconstructions.
+
+Every checkpoint here is written by a small encoder in this file, following the format descriptions
+in FORMATS.md (not the package's pack functions), from known codes / zeros / scales. The imported
+weight must dequantize exactly to the float64 reference (q - z) * s computed from those known values.
+Wrong nibble orders and off-by-one zeros must be caught by `check_layer`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.kernels_ci
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble position p holds element order[p]
+NATURAL = (0, 1, 2, 3, 4, 5, 6, 7)
+
+
+# ---------------------------------------------------------------------------------------------
+# Independent encoders
+# ---------------------------------------------------------------------------------------------
+
+
+def _as_int32(words: torch.Tensor) -> torch.Tensor:
+    """Unsigned 32-bit values held in int64 -> the int32 tensor with the same bit pattern."""
+    assert bool(((words >= 0) & (words < 2**32)).all())
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def _pack_rows(codes: torch.Tensor, order=NATURAL) -> torch.Tensor:
+    """Pack 4-bit values along dim 0: word i, nibble position p <- codes[8*i + order[p]].
+
+    Rows beyond codes.shape[0] (padding up to a multiple of 8) get random garbage nibbles, which
+    an importer must ignore.
+    """
+    r, c = codes.shape
+    garbage = torch.Generator().manual_seed(r * 131 + c)
+    padded = torch.randint(0, 16, (-(-r // 8) * 8, c), generator=garbage, dtype=torch.int64)
+    padded[:r] = codes.to(torch.int64)
+    words = torch.zeros((padded.shape[0] // 8, c), dtype=torch.int64)
+    for p in range(8):
+        words |= padded[order[p] :: 8] << (4 * p)
+    return _as_int32(words)
+
+
+def _pack_cols(codes: torch.Tensor, order=NATURAL) -> torch.Tensor:
+    """Pack 4-bit values along dim 1: word c, nibble position p <- codes[:, 8*c + order[p]]."""
+    return _pack_rows(codes.t(), order).t().contiguous()
+
+
+def _codes(gen, *shape):
+    return torch.randint(0, 16, shape, generator=gen, dtype=torch.int64)
+
+
+def _scales(gen, *shape):
+    return (torch.rand(shape, generator=gen) * 0.02 + 0.001).to(torch.float16)
+
+
+def _reference(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor, group_of_row: torch.Tensor) -> torch.Tensor:
+    """float64 [K, N]: w[k, n] = (q[k, n] - z[g(k), n]) * s[g(k), n]."""
+    zk = z.to(torch.float64)[group_of_row]
+    sk = s.to(torch.float64)[group_of_row]
+    return (q.to(torch.float64) - zk) * sk
+
+
+def _groups(k: int, g: int) -> torch.Tensor:
+    return torch.arange(k) // (k if g == -1 else g)
+
+
+def _act_order_g_idx(gen, k: int, g: int) -> torch.Tensor:
+    """A desc_act-style g_idx: a random permutation of rows, G rows per group."""
+    return (torch.randperm(k, generator=gen) // g).to(torch.int32)
+
+
+def _gptq_checkpoint(gen, k, n, g, convention, symmetric=False, act_order=False):
+    """Known codes/zeros/scales and the GPTQ tensors that encode them."""
+    ng = 1 if g == -1 else k // g
+    q = _codes(gen, k, n)
+    s = _scales(gen, ng, n)
+    if symmetric:
+        z = torch.full((ng, n), 8, dtype=torch.int64)
+        qzeros = None
+    else:
+        if convention == "v1":
+            # v1 stores z - 1; z spans 1..16 (stored 0..15). Make sure both ends occur.
+            z = torch.randint(1, 17, (ng, n), generator=gen, dtype=torch.int64)
+            z[0, 0], z[-1, -1] = 1, 16
+            stored = z - 1
+        else:
+            z = _codes(gen, ng, n)
+            z[0, 0], z[-1, -1] = 0, 15
+            stored = z
+        qzeros = _pack_cols(stored)
+    g_idx = _act_order_g_idx(gen, k, g) if act_order else None
+    groups = g_idx.to(torch.int64) if act_order else _groups(k, g)
+    return dict(qweight=_pack_rows(q), qzeros=qzeros, scales=s, g_idx=g_idx), _reference(q, z, s, groups)
+
+
+def _awq_checkpoint(gen, k, n, g, order=AWQ_ORDER):
+    ng = 1 if g == -1 else k // g
+    q, z, s = _codes(gen, k, n), _codes(gen, ng, n), _scales(gen, ng, n)
+    ckpt = dict(qweight=_pack_cols(q, order), qzeros=_pack_cols(z, order), scales=s)
+    return ckpt, _reference(q, z, s, _groups(k, g))
+
+
+def _ct_checkpoint(gen, k, n, g, with_zero_point):
+    ng = 1 if g == -1 else k // g
+    q, s = _codes(gen, k, n), _scales(gen, ng, n)
+    z = _codes(gen, ng, n) if with_zero_point else torch.full((ng, n), 8, dtype=torch.int64)
+    ckpt = dict(
+        weight_packed=_pack_cols(q.t()),  # [N, K/8], along K
+        weight_scale=s.t().contiguous(),  # [N, K/G]
+        weight_zero_point=_pack_rows(z.t()) if with_zero_point else None,  # [ceil(N/8), K/G], along N
+    )
+    return ckpt, _reference(q, z, s, _groups(k, g))
+
+
+def _assert_exact(weight, ref, k, n):
+    assert (weight.in_features, weight.out_features) == (k, n)
+    deq = weight.dequantize()
+    assert deq.dtype == torch.float64 and tuple(deq.shape) == (k, n)
+    assert torch.equal(deq, ref), f"max abs diff {(deq - ref).abs().max().item()}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact reconstruction
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "k,n,g,convention",
+    [
+        (256, 64, 128, "v1"),
+        (256, 48, 32, "v2"),
+        (320, 24, 64, "v1"),  # K not a multiple of 128 (tensor-parallel shard style)
+        (320, 24, 64, "v2"),
+        (256, 16, -1, "v1"),  # per-channel
+        (128, 20, 64, "v1"),  # N not a multiple of 8: qzeros has ceil(N/8) columns
+        (128, 20, 32, "v2"),
+    ],
+)
+def test_gptq_exact(w4a16, k, n, g, convention):
+    gen = torch.Generator().manual_seed(k * 1000 + n + g)
+    ckpt, ref = _gptq_checkpoint(gen, k, n, g, convention)
+    weight = w4a16.import_gptq(**ckpt, group_size=g, zero_convention=convention)
+    _assert_exact(weight, ref, k, n)
+    assert weight.group_size == (k if g == -1 else g)
+    assert not weight.symmetric and not weight.act_order
+
+
+@pytest.mark.parametrize("convention", ["v1", "v2"])
+@pytest.mark.parametrize("g", [32, 64])
+def test_gptq_act_order_exact(w4a16, convention, g):
+    gen = torch.Generator().manual_seed(7 + g)
+    ckpt, ref = _gptq_checkpoint(gen, 256, 40, g, convention, act_order=True)
+    weight = w4a16.import_gptq(**ckpt, group_size=g, zero_convention=convention)
+    assert weight.act_order
+    _assert_exact(weight, ref, 256, 40)
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+@pytest.mark.parametrize("pass_qzeros", [False, True])
+def test_gptq_symmetric_uint4b8_exact(w4a16, act_order, pass_qzeros):
+    gen = torch.Generator().manual_seed(11)
+    ckpt, ref = _gptq_checkpoint(gen, 256, 32, 64, "v1", symmetric=True, act_order=act_order)
+    if pass_qzeros:  # symmetric checkpoints may still carry qzeros (v1: 7 = 8 - 1); they are ignored
+        ckpt["qzeros"] = _pack_cols(torch.full((4, 32), 7, dtype=torch.int64))
+    weight = w4a16.import_gptq(**ckpt, group_size=64, zero_convention="v1", symmetric=True)
+    assert weight.symmetric and weight.act_order == act_order
+    _assert_exact(weight, ref, 256, 32)
+
+
+@pytest.mark.parametrize("k,n,g", [(256, 64, 128), (128, 16, 32), (320, 32, 64), (256, 24, -1)])
+def test_awq_exact(w4a16, k, n, g):
+    gen = torch.Generator().manual_seed(k + n + g)
+    ckpt, ref = _awq_checkpoint(gen, k, n, g)
+    weight = w4a16.import_awq(**ckpt, group_size=g)
+    _assert_exact(weight, ref, k, n)
+
+
+@pytest.mark.parametrize(
+    "k,n,g,with_zp,infer",
+    [
+        (256, 64, 128, True, True),
+        (256, 64, 128, False, False),
+        (128, 20, 32, True, True),  # N not a multiple of 8: zero points padded to ceil(N/8) rows
+        (128, 20, 64, False, True),
+        (320, 24, 64, True, False),
+        (256, 16, -1, True, True),  # channel strategy: weight_scale [N, 1]
+    ],
+)
+def test_compressed_tensors_exact(w4a16, k, n, g, with_zp, infer):
+    gen = torch.Generator().manual_seed(k + n + g + with_zp)
+    ckpt, ref = _ct_checkpoint(gen, k, n, g, with_zp)
+    kwargs = {} if infer else {"group_size": g}
+    weight = w4a16.import_compressed_tensors(**ckpt, weight_shape=torch.tensor([n, k]), **kwargs)
+    _assert_exact(weight, ref, k, n)
+    assert weight.group_size == (k if g == -1 else g)
+    assert weight.symmetric == (not with_zp)
+
+
+# ---------------------------------------------------------------------------------------------
+# Wrong layouts are caught by check_layer; right ones pass it
+# ---------------------------------------------------------------------------------------------
+
+
+def test_check_layer_accepts_correct_imports(w4a16):
+    gen = torch.Generator().manual_seed(21)
+    ckpt, ref = _awq_checkpoint(gen, 256, 32, 64)
+    w4a16.check_layer(w4a16.import_awq(**ckpt, group_size=64), reference_linear_weight=ref.t(), batch_sizes=(1, 3))
+    ckpt, ref = _gptq_checkpoint(gen, 256, 32, 64, "v1", act_order=True)
+    weight = w4a16.import_gptq(**ckpt, group_size=64, zero_convention="v1")
+    w4a16.check_layer(weight, reference_linear_weight=ref.t(), batch_sizes=(1, 3))
+
+
+def test_check_layer_catches_wrong_nibble_order(w4a16):
+    # A checkpoint packed in natural nibble order, read by the AWQ importer (interleaved order).
+    gen = torch.Generator().manual_seed(22)
+    ckpt, ref = _awq_checkpoint(gen, 256, 32, 64, order=NATURAL)
+    weight = w4a16.import_awq(**ckpt, group_size=64)
+    with pytest.raises(ValueError):
+        w4a16.check_layer(weight, reference_linear_weight=ref.t(), batch_sizes=(1, 3))
+
+
+def test_check_layer_catches_wrong_zero_convention(w4a16):
+    # A v1 checkpoint read as v2: every zero off by one. Codes sit near their zero as in real
+    # checkpoints (RTN/GPTQ codes of a bell-shaped weight), so the shift is ~50% of the weight's
+    # norm. On zero-mean activations it only shows through the per-group sums of x, so use many
+    # groups (16 per row) to keep the output error well above any fp16 tolerance (> 0.1 typically).
+    gen = torch.Generator().manual_seed(23)
+    k, n, g = 512, 32, 32
+    z = torch.randint(4, 12, (k // g, n), generator=gen, dtype=torch.int64)
+    q = (z.repeat_interleave(g, dim=0) + torch.randint(-3, 4, (k, n), generator=gen)).clamp(0, 15)
+    s = _scales(gen, k // g, n)
+    ref = _reference(q, z, s, _groups(k, g))
+    ckpt = dict(qweight=_pack_rows(q), qzeros=_pack_cols(z - 1), scales=s)
+    right = w4a16.import_gptq(**ckpt, group_size=g, zero_convention="v1")
+    _assert_exact(right, ref, k, n)
+    w4a16.check_layer(right, reference_linear_weight=ref.t(), batch_sizes=(1, 3))
+    wrong = w4a16.import_gptq(**ckpt, group_size=g, zero_convention="v2")
+    with pytest.raises(ValueError):
+        w4a16.check_layer(wrong, reference_linear_weight=ref.t(), batch_sizes=(1, 3))
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad inputs give errors that name the argument
+# ---------------------------------------------------------------------------------------------
+
+
+def _good_gptq(n=44):
+    gen = torch.Generator().manual_seed(31)
+    ckpt, _ = _gptq_checkpoint(gen, 128, n, 32, "v2", act_order=True)
+    return ckpt
+
+
+def test_gptq_requires_zero_convention(w4a16):
+    ckpt = _good_gptq()
+    with pytest.raises(TypeError, match="zero_convention"):
+        w4a16.import_gptq(**ckpt, group_size=32)
+    with pytest.raises(ValueError, match="zero_convention"):
+        w4a16.import_gptq(**ckpt, group_size=32, zero_convention="v3")
+
+
+@pytest.mark.parametrize(
+    "field,value,exc,match",
+    [
+        ("qweight", lambda c: c["qweight"].to(torch.int64), TypeError, "qweight"),
+        ("qweight", lambda c: c["qweight"].reshape(-1), ValueError, "qweight"),
+        ("qzeros", lambda c: c["qzeros"][:, :5], ValueError, r"qzeros must have shape \[K/G, ceil\(N/8\)\] = \(4, 6\)"),
+        ("qzeros", lambda c: c["qzeros"].to(torch.int64), TypeError, "qzeros"),
+        ("qzeros", lambda c: None, ValueError, "qzeros"),
+        ("scales", lambda c: c["scales"][:, :40], ValueError, "scales"),
+        ("scales", lambda c: c["scales"].to(torch.int32), TypeError, "scales"),
+        ("g_idx", lambda c: c["g_idx"][:64], ValueError, "g_idx"),
+        ("g_idx", lambda c: torch.zeros(128, dtype=torch.int32), ValueError, "g_idx"),
+    ],
+)
+def test_gptq_bad_inputs(w4a16, field, value, exc, match):
+    ckpt = _good_gptq()
+    ckpt[field] = value(ckpt)
+    with pytest.raises(exc, match=match):
+        w4a16.import_gptq(**ckpt, group_size=32, zero_convention="v2")
+
+
+def test_gptq_bad_group_size(w4a16):
+    with pytest.raises(ValueError, match="group_size"):
+        w4a16.import_gptq(**_good_gptq(), group_size=48, zero_convention="v2")
+
+
+@pytest.mark.parametrize(
+    "field,value,exc",
+    [
+        ("qweight", lambda c: c["qweight"].to(torch.float32), TypeError),
+        ("qweight", lambda c: c["qweight"][None], ValueError),
+        ("qzeros", lambda c: c["qzeros"][:, :3], ValueError),
+        ("qzeros", lambda c: c["qzeros"].to(torch.uint8), TypeError),
+        ("scales", lambda c: c["scales"].t(), ValueError),
+    ],
+)
+def test_awq_bad_inputs(w4a16, field, value, exc):
+    ckpt, _ = _awq_checkpoint(torch.Generator().manual_seed(32), 128, 32, 32)
+    ckpt[field] = value(ckpt)
+    with pytest.raises(exc, match=field):
+        w4a16.import_awq(**ckpt, group_size=32)
+
+
+@pytest.mark.parametrize(
+    "field,value,exc",
+    [
+        ("weight_packed", lambda c: c["weight_packed"].to(torch.int16), TypeError),
+        ("weight_packed", lambda c: c["weight_packed"].reshape(-1), ValueError),
+        ("weight_scale", lambda c: c["weight_scale"][:10], ValueError),
+        ("weight_scale", lambda c: c["weight_scale"].to(torch.int32), TypeError),
+        ("weight_zero_point", lambda c: c["weight_zero_point"][:2], ValueError),
+        ("weight_zero_point", lambda c: c["weight_zero_point"].to(torch.int64), TypeError),
+        ("weight_shape", lambda c: [20, 64], ValueError),
+    ],
+)
+def test_compressed_tensors_bad_inputs(w4a16, field, value, exc):
+    ckpt, _ = _ct_checkpoint(torch.Generator().manual_seed(33), 128, 20, 32, True)
+    ckpt[field] = value(ckpt)
+    with pytest.raises(exc, match=field):
+        w4a16.import_compressed_tensors(**ckpt, group_size=32)
+
+
+def test_compressed_tensors_cannot_infer_group_size(w4a16):
+    ckpt, _ = _ct_checkpoint(torch.Generator().manual_seed(34), 128, 20, 32, False)
+    ckpt["weight_scale"] = torch.ones(20, 3, dtype=torch.float16)
+    with pytest.raises(ValueError, match="group_size"):
+        w4a16.import_compressed_tensors(**ckpt)

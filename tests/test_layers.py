@@ -1,0 +1,377 @@
+"""`layers`: W4A16Linear, convert_to_w4a16, and the Kernel Hub layer under kernels.kernelize.
+
+The package is reached only through the `w4a16` fixture (kernels.get_kernel on a fresh local build).
+On CPU the op runs its plain-torch path; on a CUDA machine the same tests run the Triton kernels.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+K, N, G = 256, 96, 64
+HUB_NAME = "W4A16LinearForward"
+DTYPES = [torch.float16, torch.bfloat16]
+
+
+def _linear(k=K, n=N, bias=True, dtype=torch.float16, device="cpu", seed=0):
+    torch.manual_seed(seed)
+    lin = nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        if bias:
+            lin.bias.normal_(0, 0.5)
+    return lin.to(device=device, dtype=dtype)
+
+
+def _reference(layer, x):
+    """float64 x @ W + b from the layer's own codes (W4A16Weight.dequantize)."""
+    y = x.to(torch.float64) @ layer.weight_view().dequantize(torch.float64)
+    return y if layer.bias is None else y + layer.bias.to(torch.float64)
+
+
+def _assert_close_to_reference(y, ref, dtype):
+    # Output rounding (and the bias add) in fp16/bf16, plus the fp16/bf16 dequantized weight of the
+    # GPU prefill path: a few units of roundoff of the output's scale.
+    eps = torch.finfo(dtype).eps
+    err = (y.to(torch.float64) - ref).abs().max().item()
+    bound = 4 * eps * ref.abs().max().item()
+    assert err <= bound, f"max error {err:.3g} > {bound:.3g}"
+
+
+def _host_class(kernels):
+    """A model's own quantized-linear class: declares the hub layer name and holds the documented
+    attributes, with a forward that must not run once kernelized."""
+
+    @kernels.use_kernel_forward_from_hub("W4A16Linear")
+    class HostLinear(nn.Module):
+        def __init__(self, src):
+            super().__init__()
+            for name in ("qweight", "scales", "zeros", "perm", "bias"):
+                self.register_buffer(name, getattr(src, name))
+            self.in_features = src.in_features
+            self.out_features = src.out_features
+            self.group_size = src.group_size
+
+        def forward(self, x):
+            raise RuntimeError("original HostLinear.forward ran")
+
+    return HostLinear
+
+
+# ---------------------------------------------------------------------------------------------
+# W4A16Linear
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("symmetric", [False, True], ids=["asym", "sym"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_from_linear_matches_reference(w4a16, device, dtype, symmetric):
+    lin = _linear(dtype=dtype, device=device)
+    layer = w4a16.layers.W4A16Linear.from_linear(lin, group_size=G, symmetric=symmetric)
+    assert (layer.in_features, layer.out_features, layer.group_size) == (K, N, G)
+    assert layer.symmetric == symmetric and (layer.zeros is None) == symmetric
+    assert layer.perm is None
+    assert layer.qweight.dtype == torch.int32 and tuple(layer.qweight.shape) == (N, K // 8)
+    assert layer.scales.dtype == dtype and layer.bias.dtype == dtype
+    torch.testing.assert_close(layer.bias, lin.bias.detach(), rtol=0, atol=0)
+
+    # The quantized weight is the linear's weight within half a quantization step.
+    w_q = layer.dequantized_weight(torch.float64)  # [N, K]
+    step = layer.scales.to(torch.float64).repeat_interleave(G, dim=0).t()
+    assert bool(((w_q - lin.weight.detach().to(torch.float64)).abs() <= 0.5 * step * (1 + 1e-6)).all())
+
+    gen = torch.Generator().manual_seed(1)
+    for m in (1, 3, 16):
+        x = torch.randn((m, K), generator=gen).to(device=device, dtype=dtype)
+        y = layer(x)
+        assert y.dtype == dtype and tuple(y.shape) == (m, N)
+        _assert_close_to_reference(y, _reference(layer, x), dtype)
+    x3 = torch.randn((2, 3, K), generator=gen).to(device=device, dtype=dtype)
+    _assert_close_to_reference(layer(x3), _reference(layer, x3), dtype)
+
+
+@pytest.mark.kernels_ci
+def test_from_linear_fp32_linear_and_no_bias(w4a16, device):
+    lin = _linear(bias=False, dtype=torch.float32, device=device)
+    layer = w4a16.layers.W4A16Linear.from_linear(lin, group_size=-1)
+    assert layer.bias is None and layer.group_size == K and layer.scales.dtype == torch.float16
+    assert "bias" not in layer.state_dict()
+    x = torch.randn((3, K), device=device, dtype=torch.float16)
+    _assert_close_to_reference(layer(x), _reference(layer, x), torch.float16)
+
+    bf = w4a16.layers.W4A16Linear.from_linear(lin, group_size=G, dtype=torch.bfloat16)
+    assert bf.scales.dtype == torch.bfloat16 and bf.zeros.dtype == torch.bfloat16
+
+
+@pytest.mark.kernels_ci
+def test_extra_repr(w4a16):
+    W4A16Linear = w4a16.layers.W4A16Linear
+    r = repr(W4A16Linear.from_linear(_linear(), group_size=G))
+    assert r.startswith("W4A16Linear(") and "in_features=256" in r and "out_features=96" in r
+    assert "bias=True" in r and "int4 g64 asym" in r and "float16" in r
+    r = repr(W4A16Linear(K, N, bias=False, group_size=-1, symmetric=True, act_order=True, dtype=torch.bfloat16))
+    assert "bias=False" in r and "per-channel" in r and "sym" in r and "act-order" in r and "bfloat16" in r
+
+
+# ---------------------------------------------------------------------------------------------
+# state_dict
+# ---------------------------------------------------------------------------------------------
+
+
+def _act_order_layer(w4a16, device, dtype=torch.float16, bias=True):
+    """A W4A16Linear with act-order (g_idx) built through prepare_weight + from_weight."""
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn((K, N), generator=gen).to(dtype)
+    packed, scales, zeros = w4a16.quantize_weight_int4_grouped(w, G)
+    g_idx = (torch.arange(K) % (K // G))[torch.randperm(K, generator=gen)]
+    weight = w4a16.prepare_weight(packed.to(device), scales.to(device), zeros.to(device), G, g_idx=g_idx.to(device))
+    assert weight.act_order
+    b = torch.randn(N, generator=gen) if bias else None
+    return w4a16.layers.W4A16Linear.from_weight(weight, b)
+
+
+FORMATS = [
+    # (symmetric, act_order, bias)
+    (False, False, True),
+    (True, False, False),
+    (False, True, True),
+]
+
+
+def _make(w4a16, device, symmetric, act_order, bias):
+    if act_order:
+        return _act_order_layer(w4a16, device, bias=bias)
+    return w4a16.layers.W4A16Linear.from_linear(_linear(bias=bias, device=device), group_size=G, symmetric=symmetric)
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("symmetric,act_order,bias", FORMATS, ids=["asym", "sym-nobias", "act-order"])
+def test_state_dict_round_trip(w4a16, device, tmp_path, symmetric, act_order, bias):
+    from safetensors.torch import load_file, save_file
+
+    W4A16Linear = w4a16.layers.W4A16Linear
+    layer = _make(w4a16, device, symmetric, act_order, bias)
+    sd = layer.state_dict()
+    expected = {"qweight", "scales"} | ({"zeros"} if not symmetric else set())
+    expected |= ({"perm"} if act_order else set()) | ({"bias"} if bias else set())
+    assert set(sd) == expected
+
+    def fresh():
+        return W4A16Linear(
+            K, N, bias=bias, group_size=G, symmetric=symmetric, act_order=act_order, dtype=torch.float16, device=device
+        )
+
+    x = torch.randn((5, K), device=device, dtype=torch.float16)
+    y = layer(x)
+
+    a = fresh()
+    assert set(a.state_dict()) == expected
+    a.load_state_dict(sd)
+    assert torch.equal(a(x), y)
+
+    path = tmp_path / "layer.safetensors"
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
+    b = fresh()
+    b.load_state_dict(load_file(str(path), device=str(device)))
+    assert torch.equal(b(x), y)
+    assert repr(b) == repr(layer)
+
+
+@pytest.mark.kernels_ci
+def test_state_dict_format_mismatch_is_an_error(w4a16):
+    W4A16Linear = w4a16.layers.W4A16Linear
+    sd = W4A16Linear.from_linear(_linear(), group_size=G).state_dict()  # asymmetric: has zeros
+    with pytest.raises(RuntimeError, match="zeros"):
+        W4A16Linear(K, N, group_size=G, symmetric=True).load_state_dict(sd)
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        W4A16Linear(K, N, group_size=128).load_state_dict(sd)
+
+
+# ---------------------------------------------------------------------------------------------
+# convert_to_w4a16
+# ---------------------------------------------------------------------------------------------
+
+
+class _Block(nn.Module):
+    def __init__(self, d, hidden):
+        super().__init__()
+        self.up = nn.Linear(d, hidden)
+        self.down = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+class _TinyModel(nn.Module):
+    def __init__(self, vocab=50, d=128):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleDict({"0": _Block(d, 256), "1": _Block(d, 96)})  # 96 % 64 != 0
+        self.odd = nn.Linear(d, 100)  # K=128 fine, N=100 is allowed
+        self.proj = nn.Linear(100, d)  # K=100: not a multiple of 8
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        for block in self.blocks.values():
+            h = h + block(h)
+        h = h + self.proj(self.odd(h))
+        return self.lm_head(h)
+
+
+@pytest.mark.kernels_ci
+def test_convert_to_w4a16(w4a16, device):
+    layers = w4a16.layers
+    torch.manual_seed(0)
+    model = _TinyModel().to(device=device, dtype=torch.float16)
+    ids = torch.randint(0, 50, (2, 5), device=device)
+    with torch.no_grad():
+        before = model(ids).to(torch.float64)
+    weights = {name: m.weight.numel() * 2 for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+
+    summary = layers.convert_to_w4a16(model, group_size=G)
+
+    assert isinstance(summary, layers.ConversionSummary)
+    assert summary.converted == ["blocks.0.up", "blocks.0.down", "blocks.1.up", "odd"]
+    assert set(summary.skipped) == {"blocks.1.down", "proj", "lm_head"}
+    assert "lm_head" in summary.skipped["lm_head"]
+    assert "multiple of group_size" in summary.skipped["blocks.1.down"]
+    assert "multiple of 8" in summary.skipped["proj"]
+    for name in summary.converted:
+        assert isinstance(model.get_submodule(name), layers.W4A16Linear)
+    for name in summary.skipped:
+        assert type(model.get_submodule(name)) is nn.Linear
+    assert summary.bytes_before == sum(weights[n] for n in summary.converted)
+    assert summary.bytes_after == sum(model.get_submodule(n).weight_nbytes() for n in summary.converted)
+    assert summary.saved_bytes == summary.bytes_before - summary.bytes_after > 0
+    assert summary.bytes_after < summary.bytes_before / 2.5
+    text = str(summary)
+    assert "\n" not in text and "converted 4" in text and "skipped 3" in text and "MiB" in text
+
+    with torch.no_grad():
+        after = model(ids).to(torch.float64)
+    assert float((after - before).norm() / before.norm()) < 0.1
+
+    # Skip by suffix and by component; a shared Linear is converted once and replaced everywhere.
+    torch.manual_seed(0)
+    model = _TinyModel().to(device=device, dtype=torch.float16)
+    model.blocks["1"].up = model.blocks["0"].up = nn.Linear(128, 128).to(device=device, dtype=torch.float16)
+    summary = layers.convert_to_w4a16(model, group_size=32, symmetric=True, skip=("0.down", "odd", "lm_head"))
+    assert summary.converted == ["blocks.0.up", "blocks.1.down"]
+    assert set(summary.skipped) == {"blocks.0.down", "odd", "proj", "lm_head"}
+    assert model.blocks["0"].up is model.blocks["1"].up
+    assert isinstance(model.blocks["1"].up, layers.W4A16Linear) and model.blocks["1"].up.symmetric
+
+    with pytest.raises(ValueError, match="group_size"):
+        layers.convert_to_w4a16(model, group_size=100)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan logging
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.kernels_ci
+def test_plan_logged_once_at_debug(w4a16, device, caplog):
+    layer = w4a16.layers.W4A16Linear.from_linear(_linear(device=device), group_size=G)
+    x = torch.randn((3, K), device=device, dtype=torch.float16)
+    with caplog.at_level(logging.DEBUG, logger=w4a16.layers.__name__):
+        layer(x)
+        layer(x)
+    records = [r for r in caplog.records if r.name == w4a16.layers.__name__]
+    assert len(records) == 1
+    assert "W4A16Linear" in records[0].getMessage() and "M=3" in records[0].getMessage()
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel Hub layer and kernelize
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.kernels_ci
+def test_hub_layer_is_stateless(w4a16):
+    Hub = getattr(w4a16.layers, HUB_NAME)
+    assert issubclass(Hub, nn.Module) and Hub.__init__ is nn.Module.__init__
+    extra = set(dir(Hub)) - set(dir(nn.Module))
+    assert extra <= {"has_backward", "can_torch_compile"}
+    assert Hub.has_backward is False and Hub.can_torch_compile is True
+
+
+@pytest.mark.kernels_ci
+def test_kernelize_replaces_forward(w4a16, build_dir, device):
+    import kernels
+    from kernels import LocalLayerRepository, Mode, kernelize, use_kernel_mapping
+
+    layer = w4a16.layers.W4A16Linear.from_linear(_linear(device=device), group_size=G)
+    HostLinear = _host_class(kernels)
+    model = nn.Sequential(HostLinear(layer), nn.ReLU())
+    x = torch.randn((4, K), device=device, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="original"):
+        model(x)
+
+    repo = LocalLayerRepository(repo_path=build_dir, layer_name=HUB_NAME)
+    mapping = {"W4A16Linear": {device: repo}}
+    with use_kernel_mapping(mapping, inherit_mapping=False):
+        # No backward: a training kernelize keeps the original forward.
+        kernelize(model, mode=Mode.TRAINING, device=device)
+        with pytest.raises(RuntimeError, match="original"):
+            model(x)
+        kernelize(model, mode=Mode.INFERENCE, device=device)
+
+    host = model[0]
+    assert host.forward.__func__ is getattr(w4a16.layers, HUB_NAME).forward
+    assert torch.equal(model(x), torch.relu(layer(x)))
+
+
+def test_torch_compile_fullgraph_matches_eager(w4a16, build_dir, device):
+    """Both forwards (W4A16Linear and the kernelized hub layer) in one graph, no graph break.
+    On CPU this compiles the plain-torch path (tens of seconds): not a kernels_ci test."""
+    import kernels
+    from kernels import LocalLayerRepository, Mode, kernelize, use_kernel_mapping
+
+    W4A16Linear = w4a16.layers.W4A16Linear
+    first = W4A16Linear.from_linear(_linear(K, 128, device=device, seed=1), group_size=G)
+    second = W4A16Linear.from_linear(_linear(128, 64, device=device, seed=2), group_size=-1, symmetric=True)
+    host = _host_class(kernels)(second)
+    model = nn.Sequential(first, nn.ReLU(), host)
+    mapping = {"W4A16Linear": {device: LocalLayerRepository(repo_path=build_dir, layer_name=HUB_NAME)}}
+    with use_kernel_mapping(mapping, inherit_mapping=False):
+        kernelize(model, mode=Mode.INFERENCE | Mode.TORCH_COMPILE, device=device)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn((3, K), device=device, dtype=torch.float16)
+    y = compiled(x)  # traced before any eager call: the plan-log flags are still unset
+    assert torch.equal(y, model(x))  # eager: logs the plans and sets the flags
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert torch.equal(compiled(x), y)  # the flags are not guarded: no recompilation
+    x = torch.randn((1, K), device=device, dtype=torch.float16)
+    assert torch.equal(compiled(x), model(x))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_capture_replay(w4a16):
+    layer = w4a16.layers.W4A16Linear.from_linear(_linear(device="cuda"), group_size=G)
+    static_x = torch.randn((4, K), device="cuda", dtype=torch.float16)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up (Triton compilation, plan) outside capture
+        for _ in range(2):
+            layer(static_x)
+    torch.cuda.current_stream().wait_stream(stream)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = layer(static_x)
+    for seed in (5, 6):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        x = torch.randn((4, K), device="cuda", dtype=torch.float16, generator=gen)
+        static_x.copy_(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_y, layer(x))

@@ -1,0 +1,373 @@
+"""Modules: `W4A16Linear`, whole-model conversion, and the Kernel Hub layer `W4A16LinearForward`.
+
+`W4A16Linear` is an inference-only drop-in for `nn.Linear` holding a 4-bit weight in the
+kernel-native layout (see layout.py) as buffers:
+
+    qweight  int32 [N, ceil(K/128)*16]   kernel-native (N-major, K-striped)
+    scales   [K/G, N]                    the layer's dtype (fp16 / bf16)
+    zeros    [K/G, N] or None            None: symmetric (zero 8); the key is absent from state_dict
+    perm     int64 [K] or None           act-order row permutation; absent from state_dict without
+    bias     [N] or None
+    in_features, out_features, group_size (ints; group_size is the effective G, K for per-channel)
+
+So the state_dict keys depend only on the format (bias, symmetric, act_order), and a checkpoint
+saved from one layer loads into a fresh `W4A16Linear(K, N, bias, group_size, symmetric, act_order)`.
+
+Kernel Hub layer (for `kernels.kernelize`): any module class declared with
+`@use_kernel_forward_from_hub("W4A16Linear")` that holds the attributes above (`W4A16Linear` itself
+with `kernels.replace_kernel_forward_from_hub(W4A16Linear, "W4A16Linear")`, or a model's own
+quantized-linear class) can have its forward replaced by `W4A16LinearForward.forward`:
+
+    from kernels import LayerRepository, Mode, kernelize, register_kernel_mapping
+    register_kernel_mapping({"W4A16Linear": {"cuda": LayerRepository(
+        "w4a16-kernels/w4a16", layer_name="W4A16LinearForward", version=1)}})
+    model = kernelize(model, mode=Mode.INFERENCE)          # | Mode.TORCH_COMPILE also works
+
+`W4A16LinearForward` has no state and no backward (`has_backward = False`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from dataclasses import replace as _dc_replace
+
+import torch
+from torch import nn
+
+from .functional import plan_for, w4a16_linear
+from .layout import K_BLOCK, W4A16Weight, prepare_weight
+from .quantize import SYMMETRIC_ZERO, quantize_weight_int4_grouped, validate_group_size
+
+__all__ = ["W4A16Linear", "W4A16LinearForward", "ConversionSummary", "convert_to_w4a16"]
+
+logger = logging.getLogger(__name__)
+
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _weight_of(module: nn.Module) -> W4A16Weight:
+    """The `W4A16Weight` view of a module's documented attributes (no copies)."""
+    return W4A16Weight(
+        qweight=module.qweight,
+        scales=module.scales,
+        zeros=module.zeros,
+        perm=module.perm,
+        in_features=module.in_features,
+        out_features=module.out_features,
+        group_size=module.group_size,
+    )
+
+
+def _log_plan_once(module: nn.Module, weight: W4A16Weight, x: torch.Tensor) -> None:
+    """Log the GEMM plan of a module's first (eager, non-captured) forward at debug level.
+
+    The forwards call this only while `module._w4a16_plan_logged` is false and never while
+    torch.compile traces: `torch.compiler.is_compiling()` is tested first, so dynamo folds the test
+    to a constant and never reads (hence never guards on) the flag, and an eager call that flips
+    the flag does not make compiled code recompile. Per eager call that costs ~30 ns; a forward
+    during CUDA-graph capture is skipped here (the next one logs).
+    """
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    module._w4a16_plan_logged = True
+    if logger.isEnabledFor(logging.DEBUG):
+        m = x.numel() // max(x.shape[-1], 1)
+        logger.debug(
+            "w4a16 %s [N=%d, K=%d] %s, M=%d %s on %s: %s",
+            type(module).__name__, weight.out_features, weight.in_features, weight.describe(),
+            m, str(x.dtype).replace("torch.", ""), x.device, plan_for(weight, m, x.dtype),
+        )
+
+
+def _weight_bytes(weight: W4A16Weight) -> int:
+    tensors = (weight.qweight, weight.scales, weight.zeros, weight.perm)
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+class W4A16Linear(nn.Module):
+    """y = x @ W^T + b with a 4-bit grouped weight; x [..., in_features] fp16/bf16, y in x's dtype.
+
+    Inference only. Build it with `from_linear` (quantize an `nn.Linear`), `from_weight` (a
+    `W4A16Weight` from `prepare_weight` or an importer in `formats`), or the constructor followed by
+    `load_state_dict` (the constructor allocates empty buffers of the format's shapes).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        group_size: int = 128,
+        symmetric: bool = False,
+        act_order: bool = False,
+        dtype: torch.dtype = torch.float16,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        if out_features <= 0:
+            raise ValueError(f"out_features must be positive, got {out_features}")
+        g = validate_group_size(group_size, in_features)
+        if dtype not in _HALF_DTYPES:
+            raise TypeError(f"dtype (of scales, zeros and bias) must be float16 or bfloat16, got {dtype}")
+        k, n = in_features, out_features
+        kp = -(-k // K_BLOCK) * K_BLOCK
+        self.in_features = k
+        self.out_features = n
+        self.group_size = g
+        self.register_buffer("qweight", torch.zeros((n, kp // 8), dtype=torch.int32, device=device))
+        self.register_buffer("scales", torch.zeros((k // g, n), dtype=dtype, device=device))
+        self.register_buffer(
+            "zeros", None if symmetric else torch.full((k // g, n), SYMMETRIC_ZERO, dtype=dtype, device=device)
+        )
+        self.register_buffer("perm", torch.arange(k, dtype=torch.int64, device=device) if act_order else None)
+        self.register_buffer("bias", torch.zeros(n, dtype=dtype, device=device) if bias else None)
+        self._w4a16_plan_logged = False
+
+    # ------------------------------------------------------------------------------------------
+    # Constructors
+    # ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_weight(
+        cls, weight: W4A16Weight, bias: torch.Tensor | None = None, *, dtype: torch.dtype | None = None
+    ) -> "W4A16Linear":
+        """Wrap a prepared weight (from `prepare_weight` or an importer); the tensors are not copied.
+
+        `dtype` is the activations' dtype: `bias` [N] is cast to it so that the output keeps it
+        (default: the scales' dtype if fp16/bf16, else fp16). Scales and zeros keep their dtype.
+        """
+        if not isinstance(weight, W4A16Weight):
+            raise TypeError(f"weight must be a W4A16Weight (see prepare_weight), got {type(weight).__name__}")
+        k, n = weight.in_features, weight.out_features
+        if dtype is None:
+            dtype = weight.scales.dtype if weight.scales.dtype in _HALF_DTYPES else torch.float16
+        layer = cls(
+            k, n, bias=bias is not None, group_size=weight.group_size, symmetric=weight.symmetric,
+            act_order=weight.act_order, dtype=dtype, device="meta",
+        )
+        expected = {"qweight": layer.qweight, "scales": layer.scales, "zeros": layer.zeros, "perm": layer.perm}
+        for name, like in expected.items():
+            t = getattr(weight, name)
+            if t is not None and tuple(t.shape) != tuple(like.shape):
+                raise ValueError(
+                    f"weight.{name} must have shape {tuple(like.shape)} for K={k}, N={n}, got {tuple(t.shape)}"
+                )
+        if weight.qweight.dtype != torch.int32:
+            raise TypeError(f"weight.qweight must be int32, got {weight.qweight.dtype}")
+        layer.qweight = weight.qweight
+        layer.scales = weight.scales
+        layer.zeros = weight.zeros
+        layer.perm = weight.perm
+        if bias is not None:
+            if tuple(bias.shape) != (n,):
+                raise ValueError(f"bias must have shape [N] = ({n},), got {tuple(bias.shape)}")
+            layer.bias = bias.detach().to(device=weight.qweight.device, dtype=dtype).contiguous()
+        return layer
+
+    @classmethod
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        group_size: int = 128,
+        symmetric: bool = False,
+        *,
+        dtype: torch.dtype | None = None,
+    ) -> "W4A16Linear":
+        """Quantize an `nn.Linear` (round to nearest, grouped along in_features) and keep its bias.
+
+        Scales, zeros and bias take `dtype`; by default the linear's dtype if fp16/bf16, else fp16.
+        An asymmetric layer keeps its zeros even when they all happen to be 8, so its state_dict
+        keys are those of `W4A16Linear(..., symmetric=False)`.
+        """
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
+        w = linear.weight.detach()
+        if dtype is None:
+            dtype = w.dtype if w.dtype in _HALF_DTYPES else torch.float16
+        elif dtype not in _HALF_DTYPES:
+            raise TypeError(f"dtype must be float16 or bfloat16, got {dtype}")
+        if w.dtype != dtype and not (w.dtype == torch.float32 and dtype == torch.float16):
+            # quantize_weight_int4_grouped stores scales in the weight's dtype (fp16 for fp32)
+            w = w.to(dtype)
+        with torch.no_grad():
+            packed, scales, zeros = quantize_weight_int4_grouped(w.t(), group_size, symmetric)
+            weight = prepare_weight(packed, scales.to(dtype), None if symmetric else zeros.to(dtype), group_size)
+        if not symmetric and weight.zeros is None:
+            weight = _dc_replace(weight, zeros=torch.full_like(weight.scales, SYMMETRIC_ZERO))
+        return cls.from_weight(weight, linear.bias, dtype=dtype)
+
+    # ------------------------------------------------------------------------------------------
+    # Forward and views
+    # ------------------------------------------------------------------------------------------
+
+    def weight_view(self) -> W4A16Weight:
+        """The layer's buffers as a `W4A16Weight` (a view: no copies)."""
+        return _weight_of(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight_view()
+        if not torch.compiler.is_compiling() and not self._w4a16_plan_logged:
+            _log_plan_once(self, weight, x)
+        return w4a16_linear(x, weight, self.bias)
+
+    @property
+    def symmetric(self) -> bool:
+        return self.zeros is None
+
+    @property
+    def act_order(self) -> bool:
+        return self.perm is not None
+
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight in `nn.Linear` orientation [N, K] (for checks; computed in float64)."""
+        return _weight_of(self).dequantize(torch.float64).t().to(dtype)
+
+    def weight_nbytes(self) -> int:
+        """Bytes held by the quantized weight (qweight, scales, zeros, perm; not the bias)."""
+        return _weight_bytes(_weight_of(self))
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, format={_weight_of(self).describe()}"
+        )
+
+
+class W4A16LinearForward(nn.Module):
+    """Kernel Hub layer: the `W4A16Linear` forward for any module holding its attributes.
+
+    Stateless (no `__init__`, no other members): `kernels.kernelize` binds `forward` to the host
+    module, which must hold `qweight`, `scales`, `zeros`, `perm`, `bias`, `in_features`,
+    `out_features` and `group_size` as documented in this module. Inference only.
+    """
+
+    has_backward = False
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = _weight_of(self)
+        if not torch.compiler.is_compiling() and not getattr(self, "_w4a16_plan_logged", False):
+            _log_plan_once(self, weight, x)
+        return w4a16_linear(x, weight, self.bias)
+
+
+# ----------------------------------------------------------------------------------------------
+# Whole-model conversion
+# ----------------------------------------------------------------------------------------------
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.2f} MiB"
+
+
+@dataclass
+class ConversionSummary:
+    """What `convert_to_w4a16` did: converted names, skipped names with the reason, weight bytes."""
+
+    converted: list[str] = field(default_factory=list)  # qualified names of the replaced nn.Linear modules
+    skipped: dict[str, str] = field(default_factory=dict)  # qualified name -> reason
+    bytes_before: int = 0  # the converted layers' original weights
+    bytes_after: int = 0  # their quantized weights (qweight + scales + zeros + perm)
+
+    @property
+    def saved_bytes(self) -> int:
+        return self.bytes_before - self.bytes_after
+
+    def __str__(self) -> str:
+        ratio = f", {self.bytes_before / self.bytes_after:.1f}x smaller" if self.bytes_after else ""
+        return (
+            f"w4a16: converted {len(self.converted)} Linear layer(s), skipped {len(self.skipped)}; "
+            f"weights {_mib(self.bytes_before)} -> {_mib(self.bytes_after)} "
+            f"(saved {_mib(self.saved_bytes)}{ratio})"
+        )
+
+
+def _matching_pattern(name: str, patterns) -> str | None:
+    """The first pattern equal to the qualified name, to one of its components, or to a dotted suffix."""
+    parts = name.split(".")
+    return next((p for p in patterns if name == p or p in parts or name.endswith("." + p)), None)
+
+
+def _check_group_size(group_size: int) -> None:
+    """Reject a group size no layer could take (a per-layer misfit is a skip, not an error)."""
+    if group_size == -1:
+        return
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size <= 0:
+        raise ValueError(f"group_size must be a positive int or -1 (per-channel), got {group_size!r}")
+    validate_group_size(group_size, math.lcm(group_size, K_BLOCK))
+
+
+def _skip_reason(linear: nn.Linear, group_size: int) -> str | None:
+    w = linear.weight
+    if type(linear).__name__ == "NonDynamicallyQuantizableLinear":
+        return "out_proj of nn.MultiheadAttention (its weight is read directly, forward is never called)"
+    if w.dtype not in _HALF_DTYPES + (torch.float32,):
+        return f"weight dtype {w.dtype} (needs float16, bfloat16 or float32)"
+    if w.device.type == "meta":
+        return "weight on the meta device (no values to quantize)"
+    try:
+        validate_group_size(group_size, linear.in_features)
+    except (ValueError, TypeError) as e:
+        return str(e)
+    return None
+
+
+def convert_to_w4a16(
+    model: nn.Module,
+    group_size: int = 128,
+    symmetric: bool = False,
+    skip=("lm_head",),
+    dtype: torch.dtype | None = None,
+) -> ConversionSummary:
+    """Replace, in place, every `nn.Linear` of `model` by a `W4A16Linear` quantized from it.
+
+    `skip`: names to leave alone; a layer is skipped when a pattern equals its qualified name, one
+    of its components (`"lm_head"`) or a dotted suffix (`"mlp.down_proj"`). A single string is
+    taken as one pattern. Layers the kernels cannot take (in_features not a multiple of 8 and of
+    the group size, unsupported dtype, ...) are skipped too, with the reason in `summary.skipped`.
+    `dtype`: dtype of scales, zeros and bias (default: each layer's dtype if fp16/bf16, else fp16).
+    A Linear reachable under several names (shared) is converted once and replaced everywhere
+    (skipped if any of its names matches `skip`); it is reported under its first name.
+    """
+    _check_group_size(group_size)
+    if dtype is not None and dtype not in _HALF_DTYPES:
+        raise TypeError(f"dtype must be None, float16 or bfloat16, got {dtype}")
+    if isinstance(skip, str):
+        skip = (skip,)
+    skip = tuple(skip or ())
+    summary = ConversionSummary()
+    if isinstance(model, nn.Linear):
+        summary.skipped[""] = "the root module cannot be replaced in place"
+        return summary
+
+    # Every reference (parent, attribute) to each Linear, shared modules included, in model order.
+    refs: dict[int, list] = {}
+    names: dict[int, list] = {}
+    linears: dict[int, nn.Linear] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        if name and isinstance(module, nn.Linear):
+            parent_name, _, attr = name.rpartition(".")
+            refs.setdefault(id(module), []).append((model.get_submodule(parent_name), attr))
+            names.setdefault(id(module), []).append(name)
+            linears[id(module)] = module
+
+    for key, linear in linears.items():
+        name = names[key][0]  # a shared Linear is reported under its first name
+        pattern = next(filter(None, (_matching_pattern(n, skip) for n in names[key])), None)
+        if pattern is not None:
+            summary.skipped[name] = f"matches skip pattern {pattern!r}"
+            continue
+        reason = _skip_reason(linear, group_size)
+        if reason is not None:
+            summary.skipped[name] = reason
+            continue
+        layer = W4A16Linear.from_linear(linear, group_size=group_size, symmetric=symmetric, dtype=dtype)
+        layer.train(linear.training)
+        for parent, attr in refs[key]:
+            setattr(parent, attr, layer)
+        summary.converted.append(name)
+        summary.bytes_before += linear.weight.numel() * linear.weight.element_size()
+        summary.bytes_after += layer.weight_nbytes()
+    return summary
