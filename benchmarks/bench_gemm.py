@@ -164,21 +164,25 @@ def main() -> None:
     variants = args.variants.split(",")
     wanted = set(filter(None, args.shapes.split(",")))
     rows: list = []
+    old_rows = json.loads(Path(args.out).read_text())["rows"] if (args.merge and args.out and Path(args.out).exists()) else []
     for shape in shapes_data["shapes"]:
         if not wanted or shape["name"] in wanted:
             bench_shape(kernel, shape, ms, variants, rows)
+            if args.out:  # after every shape, so a run cut short keeps what it measured
+                write_results(Path(args.out), rows, old_rows)
     print_table(rows)
     summary(rows)
-    if args.out:
-        out = Path(args.out)
-        result = {**timing.machine_info(), "method": "CUDA-graph replay over rotating weight copies (>3x L2), median; eager = host wall time per call", "rows": rows}
-        if args.merge and out.exists():
-            old = json.loads(out.read_text())
-            key = lambda r: (r["shape"], r["M"], r["impl"], r.get("dtype"), r.get("group_size"), r.get("symmetric"), r.get("act_order"))  # noqa: E731
-            new_keys = {key(r) for r in rows}
-            result["rows"] = [r for r in old["rows"] if key(r) not in new_keys] + rows
-        out.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {out}")
+
+
+def write_results(out: Path, rows: list, old_rows: list) -> None:
+    key = lambda r: (r["shape"], r["M"], r["impl"], r.get("dtype"), r.get("group_size"), r.get("symmetric"), r.get("act_order"))  # noqa: E731
+    new_keys = {key(r) for r in rows}
+    result = {
+        **timing.machine_info(),
+        "method": "CUDA-graph replay over rotating weight copies (>3x L2), median; *_eager = host wall time per call",
+        "rows": [r for r in old_rows if key(r) not in new_keys] + rows,
+    }
+    out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
