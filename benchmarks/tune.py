@@ -85,6 +85,7 @@ def main() -> None:
     ap.add_argument("--m", default=",".join(map(str, M_BUCKETS)))
     ap.add_argument("--shapes", default="", help="comma list of shape names (default: all)")
     ap.add_argument("--log", default="", help="write every timing here (JSON)")
+    ap.add_argument("--merge", action="store_true", help="keep the --out table's entries for (N, K, M) not tuned now")
     args = ap.parse_args()
 
     kernel = timing.load_kernel()
@@ -95,6 +96,7 @@ def main() -> None:
     wanted = set(filter(None, args.shapes.split(",")))
     ms = [int(v) for v in args.m.split(",")]
     entries, log = [], []
+    kept = json.loads(Path(args.out).read_text())["entries"] if (args.merge and Path(args.out).exists()) else []
     for shape in shapes["shapes"]:
         if wanted and shape["name"] not in wanted:
             continue
@@ -119,8 +121,13 @@ def main() -> None:
             print(f"{shape['name']:12s} M={m:5d} best {path:7s} {config} {us:8.2f} us", flush=True)
         del weights
         torch.cuda.empty_cache()
-        write_table(args, info, group_size, entries, log)
+        write_table(args, info, group_size, merged(kept, entries), log)
     print(f"wrote {args.out} ({len(entries)} entries)")
+
+
+def merged(kept: list, entries: list) -> list:
+    new = {(e["N"], e["K"], e["M"]) for e in entries}
+    return sorted([e for e in kept if (e["N"], e["K"], e["M"]) not in new] + entries, key=lambda e: (e["N"], e["K"], e["M"]))
 
 
 def write_table(args, info, group_size, entries, log) -> None:

@@ -160,8 +160,11 @@ def test_pack_unpack_exact(w4a16):
     native = w4a16.layout.pack_int4_n_major_striped(codes)
     assert native.shape == (37, 3 * 16)
     assert torch.equal(w4a16.layout.unpack_int4_n_major_striped(native, 264), codes)
-    # nibble j of word [n, b*16 + i] is row b*128 + 16j + i
-    assert (int(native[5, 16 + 3]) >> 8) & 0xF == int(codes[128 + 32 + 3, 5])
+    # nibble r = q + 4t of word [n, b*16 + 2p + h] is row b*128 + 16*(4h + q) + 2p + t (layout.py)
+    for c, r in ((3, 2), (6, 5), (15, 7), (0, 0)):
+        p, h = divmod(c, 2)
+        q, t = r % 4, r // 4
+        assert (int(native[5, 16 + c]) >> (4 * r)) & 0xF == int(codes[128 + 16 * (4 * h + q) + 2 * p + t, 5])
 
 
 @pytest.mark.kernels_ci

@@ -313,25 +313,31 @@ def _w4a16_gemv_kernel(
 @triton.jit
 def _dequantize_kernel(
     qw_ptr, s_ptr, z_ptr, w_ptr, N, K, num_groups, group_size,
-    SYMMETRIC: tl.constexpr, BLOCK_N: tl.constexpr,
+    FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, MAGIC_BITS: tl.constexpr, MAGIC_VALUE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
-    """w[N, K] (row-major, w's dtype) = (q - z) * s for one [BLOCK_N, 128] block per program.
+    """w[N, K] (row-major, w's dtype: fp16 or bf16) = (q - z) * s, one [BLOCK_N, 128] block per program.
 
-    Grid (cdiv(N, BLOCK_N), cdiv(K, 128)). Same qweight / scales / zeros contract as the GEMM kernels.
+    Grid (cdiv(N, BLOCK_N), cdiv(K, 128)). Same qweight / scales / zeros contract as the GEMM
+    kernels; the block is unpacked like the tensor-core kernel's operand (rows in order), so each
+    group's [BLOCK_N, rows] tile is stored contiguously along K.
     """
     pid_n = tl.program_id(0)
     block = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    offs_w = tl.arange(0, 16)
     words_per_row = tl.cdiv(K, 128) * 16
-    words = tl.load(qw_ptr + offs_n[:, None].to(tl.int64) * words_per_row + block * 16 + offs_w[None, :], mask=n_mask[:, None], other=0)
-    for r in tl.static_range(8):
-        rows = block * 128 + _row_of(offs_w, r)  # [16]
-        s3, zz3 = _load_group_params_2d(s_ptr, z_ptr, rows // group_size, num_groups, offs_n, n_mask, N, 0.0, SYMMETRIC)
-        q = ((words >> (4 * r)) & 0xF).to(tl.float32)
-        w = (q - tl.reshape(zz3, (BLOCK_N, 16))) * tl.reshape(s3, (BLOCK_N, 16))
-        tl.store(w_ptr + offs_n[:, None].to(tl.int64) * K + rows[None, :], w.to(w_ptr.dtype.element_ty), mask=n_mask[:, None] & (rows[None, :] < K))
+    w_dtype = w_ptr.dtype.element_ty
+    words = tl.load(qw_ptr + offs_n[:, None].to(tl.int64) * words_per_row + block * 16 + tl.arange(0, 16)[None, :],
+                    mask=n_mask[:, None], other=0).to(tl.uint32, bitcast=True)
+    slices = _unpack_slices(words, MAGIC_BITS, w_dtype, w_dtype, BLOCK_N)
+    FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
+    for f in tl.static_range(8 // FOLD_SUBS):
+        k0 = block * 128 + f * FOLD_ROWS
+        s, zz = _load_group_params(s_ptr, z_ptr, k0 // group_size, num_groups, offs_n, n_mask, N, MAGIC_VALUE, SYMMETRIC)
+        w = (_concat_slices(slices, f * FOLD_SUBS, FOLD_SUBS).to(tl.float32) - zz[:, None]) * s[:, None]
+        offs_k = k0 + tl.arange(0, FOLD_ROWS)
+        tl.store(w_ptr + offs_n[:, None].to(tl.int64) * K + offs_k[None, :], w.to(w_dtype), mask=n_mask[:, None] & (offs_k[None, :] < K))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -416,13 +422,14 @@ def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, p
 
 
 def dequantize_native(qweight, scales, zeros, in_features: int, group_size: int, dtype: torch.dtype, block_n: int = 64) -> torch.Tensor:
-    """The weight [N, K] (nn.Linear orientation, rows in kernel order) in `dtype`, by a Triton kernel."""
+    """The weight [N, K] (nn.Linear orientation, rows in kernel order) in `dtype` (fp16 / bf16), by a Triton kernel."""
     n = qweight.shape[0]
     w = torch.empty((n, in_features), device=qweight.device, dtype=dtype)
     grid = (triton.cdiv(n, block_n), triton.cdiv(in_features, K_BLOCK))
     _dequantize_kernel[grid](
-        qweight, scales, scales if zeros is None else zeros, w, n, in_features,
-        in_features // group_size, group_size, SYMMETRIC=zeros is None, BLOCK_N=block_n,
+        qweight, scales, scales if zeros is None else zeros, w, n, in_features, in_features // group_size, group_size,
+        FOLD_SUBS=_fold_subs(group_size, in_features), SYMMETRIC=zeros is None,
+        MAGIC_BITS=_MAGIC_BITS[dtype], MAGIC_VALUE=_MAGIC_VALUE[dtype], BLOCK_N=block_n,
     )
     return w
 
