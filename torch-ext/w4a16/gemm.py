@@ -101,12 +101,14 @@ def _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask
 
 
 @triton.jit
-def _load_x_rows(ptrs, offs_k, K, m_mask, EVEN_K: tl.constexpr, CACHE: tl.constexpr):
-    """x^T rows offs_k as a [rows, BLOCK_M] tile. Without a K mask (EVEN_K) the load is vectorised
-    along K, so the software pipeliner can stream it with asynchronous copies."""
-    if EVEN_K:
-        return tl.load(ptrs, mask=m_mask[None, :], other=0.0, cache_modifier=CACHE)
-    return tl.load(ptrs, mask=(offs_k[:, None] < K) & m_mask[None, :], other=0.0, cache_modifier=CACHE)
+def _load_x_rows(ptrs, offs_k, K, m_mask, EVEN_K: tl.constexpr, CACHE: tl.constexpr, valid):
+    """x^T rows offs_k as a [rows, BLOCK_M] tile (zeros where not `valid`). Without a K mask
+    (EVEN_K) the load is vectorised along K, so the software pipeliner can stream it with
+    asynchronous copies."""
+    mask = m_mask[None, :] & ((offs_k[:, None] * 0 + valid) != 0)
+    if not EVEN_K:
+        mask = mask & (offs_k[:, None] < K)
+    return tl.load(ptrs, mask=mask, other=0.0, cache_modifier=CACHE)
 
 
 @triton.jit
@@ -170,6 +172,42 @@ def _concat_slices(slices, START: tl.constexpr, COUNT: tl.constexpr):
 
 
 @triton.jit
+def _load_fold_inputs(x_ptrs, s_ptr, z_ptr, block, block_end, K, N, num_groups, group_size, offs_n, n_mask, m_mask, offs_fold,
+                      FOLD_SUBS: tl.constexpr, MAGIC_VALUE: tl.constexpr, SYMMETRIC: tl.constexpr, EVEN_K: tl.constexpr):
+    """For each scale fold of `block`: the x^T tile (for its column sums), s and z + MAGIC_VALUE.
+
+    Tuples of 8 / FOLD_SUBS entries. Past the split's last block everything is masked off. The x^T
+    load carries a distinct cache modifier so it is never merged with the dot operand's load of the
+    same tile (that one must stay a pure dot operand to be streamed asynchronously).
+    """
+    FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
+    in_range = (offs_n * 0 + block) < block_end
+    x_tiles = ()
+    scales = ()
+    zeros = ()
+    for f in tl.static_range(8 // FOLD_SUBS):
+        k0 = block * 128 + f * FOLD_ROWS
+        x_tiles = x_tiles + (_load_x_rows(x_ptrs + k0, k0 + offs_fold, K, m_mask, EVEN_K, ".ca", block < block_end),)
+        s, zz = _load_group_params(s_ptr, z_ptr, k0 // group_size, num_groups, offs_n, n_mask & in_range, N, MAGIC_VALUE, SYMMETRIC)
+        scales = scales + (s,)
+        zeros = zeros + (zz,)
+    return x_tiles, scales, zeros
+
+
+@triton.jit
+def _gather_x_block(x_ptrs, block, block_end, K, offs_w, x_mask, EVEN_K: tl.constexpr):
+    """x values [1, 16, BLOCK_M] (fp32) for the 8 nibbles of each word column of `block`, as a tuple."""
+    xs = ()
+    for r in tl.static_range(8):
+        rows = block * 128 + _row_of(offs_w, r)  # [16]
+        mask = x_mask & ((rows[None, :, None] * 0 + block) < block_end)
+        if not EVEN_K:
+            mask = mask & (rows[None, :, None] < K)
+        xs = xs + (tl.load(x_ptrs + rows[None, :, None], mask=mask, other=0.0).to(tl.float32),)
+    return xs
+
+
+@triton.jit
 def _split_range(num_blocks, SPLIT_K):
     """The 128-row blocks [start, end) of K handled by this split-K program."""
     per_split = tl.cdiv(num_blocks, SPLIT_K)
@@ -222,20 +260,26 @@ def _w4a16_tc_kernel(
 
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     block_start, block_end = _split_range(tl.cdiv(K, 128), SPLIT_K)
+    # The fold's side inputs (x^T again, for its column sums; scales; zeros) are plain loads, which
+    # the pipeliner does not stream: fetch them one block ahead so their latency hides behind a
+    # block of unpacking and MMA instead of stalling every iteration.
+    side = _load_fold_inputs(x_ptrs, s_ptr, z_ptr, block_start, block_end, K, N, num_groups, group_size, offs_n, n_mask,
+                             m_mask, offs_fold, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K)
     for block in range(block_start, block_end):
         # uint32 so that shifts are logical (no sign extension to mask away)
         words = tl.load(w_ptrs + block * 16, mask=n_mask[:, None], other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+        x_again, scales, shifted_zeros = side
+        side = _load_fold_inputs(x_ptrs, s_ptr, z_ptr, block + 1, block_end, K, N, num_groups, group_size, offs_n, n_mask,
+                                 m_mask, offs_fold, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K)
         slices = _unpack_slices(words, MAGIC_BITS, xt_dtype, DOT_DTYPE, BLOCK_N)
         for f in tl.static_range(8 // FOLD_SUBS):
             k0 = block * 128 + f * FOLD_ROWS
             a = _concat_slices(slices, f * FOLD_SUBS, FOLD_SUBS)  # [BLOCK_N, FOLD_ROWS]
-            xt = _load_x_rows(x_ptrs + k0, k0 + offs_fold, K, m_mask, EVEN_K, "")
+            xt = _load_x_rows(x_ptrs + k0, k0 + offs_fold, K, m_mask, EVEN_K, "", True)
             part = tl.dot(a, xt.to(DOT_DTYPE), out_dtype=tl.float32)
-            # The row sums come from a second load of the tile (a distinct cache modifier keeps the
-            # two loads apart), so the first stays a pure dot operand.
-            xsum = tl.sum(_load_x_rows(x_ptrs + k0, k0 + offs_fold, K, m_mask, EVEN_K, ".ca").to(tl.float32), axis=0)
-            s, zz = _load_group_params(s_ptr, z_ptr, k0 // group_size, num_groups, offs_n, n_mask, N, MAGIC_VALUE, SYMMETRIC)
-            acc += s[:, None] * part - (s * zz)[:, None] * xsum[None, :]
+            xsum = tl.sum(x_again[f].to(tl.float32), axis=0)
+            s = scales[f]
+            acc += s[:, None] * part - (s * shifted_zeros[f])[:, None] * xsum[None, :]
 
     _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
 
@@ -278,26 +322,26 @@ def _w4a16_gemv_kernel(
 
     acc3 = tl.zeros((BLOCK_N, 16, BLOCK_M), dtype=tl.float32)
     block_start, block_end = _split_range(tl.cdiv(K, 128), SPLIT_K)
+    # x gathers are plain loads: fetch the next block's while this block computes.
+    xs = _gather_x_block(x_ptrs, block_start, block_end, K, offs_w, x_mask, EVEN_K)
     for block in range(block_start, block_end):
         words = tl.load(w_ptrs + block * 16, mask=w_mask, other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+        x_cur = xs
+        xs = _gather_x_block(x_ptrs, block + 1, block_end, K, offs_w, x_mask, EVEN_K)
         if FOLD_SUBS == 8:
             s, zz = _load_group_params(s_ptr, z_ptr, (block * 128) // group_size, num_groups, offs_n, n_mask, N, 8388608.0, SYMMETRIC)
             zz3 = zz[:, None, None]
         for r in tl.static_range(8):
-            rows = block * 128 + _row_of(offs_w, r)  # [16]
             codes = (((words >> (4 * r)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
-            if EVEN_K:
-                xt = tl.load(x_ptrs + rows[None, :, None], mask=x_mask, other=0.0).to(tl.float32)
-            else:
-                xt = tl.load(x_ptrs + rows[None, :, None], mask=x_mask & (rows[None, :, None] < K), other=0.0).to(tl.float32)
             if FOLD_SUBS == 8:
                 if r == 0:
-                    part3 = (codes - zz3) * xt
+                    part3 = (codes - zz3) * x_cur[r]
                 else:
-                    part3 += (codes - zz3) * xt
+                    part3 += (codes - zz3) * x_cur[r]
             else:
+                rows = block * 128 + _row_of(offs_w, r)  # [16]
                 s3, zz3 = _load_group_params_2d(s_ptr, z_ptr, rows // group_size, num_groups, offs_n, n_mask, N, 8388608.0, SYMMETRIC)
-                acc3 += ((codes - zz3) * s3) * xt
+                acc3 += ((codes - zz3) * s3) * x_cur[r]
         if FOLD_SUBS == 8:
             acc3 += s[:, None, None] * part3
 
