@@ -23,6 +23,7 @@ CASES = [
     (256, 33, 32, False),
     (264, 20, -1, False),
     (384, 72, 128, True),
+    (512, 40, 256, False),
 ]
 
 
@@ -30,13 +31,16 @@ def triton_available(device: str) -> bool:
     return device == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def random_layer(w4a16, k, n, group_size, symmetric, dtype, device, act_order=False, seed=0):
+def random_layer(w4a16, k, n, group_size, symmetric, dtype, device, act_order=False, seed=0, fractional_zeros=False):
     """Random codes/scales/zeros -> (W4A16Weight, float64 reference weight [K, N])."""
     gen = torch.Generator().manual_seed(seed)
     g = k if group_size == -1 else group_size
     codes = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.uint8)
     scales = (torch.rand(k // g, n, generator=gen) * 0.05 + 0.01).to(dtype)
-    zeros = None if symmetric else (torch.randint(0, 16, (k // g, n), generator=gen).to(dtype))
+    if fractional_zeros:  # HQQ-style zeros anywhere in [0, 15]
+        zeros = (torch.rand(k // g, n, generator=gen) * 15).to(dtype)
+    else:
+        zeros = None if symmetric else (torch.randint(0, 16, (k // g, n), generator=gen).to(dtype))
     if act_order:
         order = torch.randperm(k, generator=gen)  # quantization order: row order[i] is in group i // g
         g_idx = torch.empty(k, dtype=torch.int32)
@@ -106,6 +110,20 @@ def test_triton_paths_act_order_fp32_scales(w4a16, device, path):
         assert err < TOL[torch.float16], f"{path} M={m}: relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("path", TRITON_PATHS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_triton_paths_fractional_zeros(w4a16, device, path, dtype):
+    if not triton_available(device):
+        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
+    weight, ref = random_layer(w4a16, 256, 40, 64, False, dtype, device, seed=9, fractional_zeros=True)
+    assert not bool((weight.zeros == weight.zeros.round()).all())
+    gen = torch.Generator().manual_seed(10)
+    for m in (1, 16, 33):
+        x = torch.randn(m, 256, generator=gen).to(device=device, dtype=dtype)
+        err = run_and_check(w4a16, weight, ref, x, path)
+        assert err < TOL[dtype], f"{path} M={m}: relative error {err:.2e}"
+
+
 @pytest.mark.kernels_ci
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_auto_path_and_leading_dims(w4a16, device, dtype):
@@ -118,6 +136,7 @@ def test_auto_path_and_leading_dims(w4a16, device, dtype):
     bias = torch.randn(40, device=device).to(dtype)
     yb = w4a16.w4a16_linear(x, weight, bias)
     torch.testing.assert_close(yb, y + bias)
+    assert w4a16.w4a16_linear(x, weight, bias.float()).dtype == dtype  # the bias follows x's dtype
 
 
 @pytest.mark.kernels_ci

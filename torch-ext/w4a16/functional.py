@@ -25,9 +25,13 @@ def w4a16_linear(
     path: str = "auto",
     strict: bool = False,
 ) -> torch.Tensor:
-    """y[..., N] = x[..., K] @ W (+ bias) for a prepared weight. x fp16 or bf16; y in x's dtype."""
+    """y[..., N] = x[..., K] @ W (+ bias) for a prepared weight. x fp16 or bf16; y in x's dtype.
+
+    `path` forces a kernel ("gemv", "splitk", "tiled", "dense", "reference"); `strict=True` raises
+    instead of falling back to an untuned configuration (see dispatch.py).
+    """
     y = ops.gemm(x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features, weight.group_size, path, strict)
-    return y if bias is None else y + bias
+    return y if bias is None else y + bias.to(y.dtype)
 
 
 def w4a16_gemm(

@@ -299,8 +299,8 @@ def _w4a16_gemv_kernel(
     """y[M, N] = x[M, K] @ W[K, N] on CUDA cores (fp32 FMA), for tiny M (BLOCK_M = next pow2 of M).
 
     Same layout, grid and split-K contract as `_w4a16_tc_kernel`. Codes are made fp32 by the magic
-    number 2**23 (OR into the mantissa); subtracting 2**23 + z gives q - z exactly, so each weight
-    costs shift, and-or, subtract, and one FMA per token. Everything lives in one 3-D layout
+    number 2**23 (OR into the mantissa, subtract 2**23), so each weight costs shift, and-or, two
+    subtracts (magic, zero) and one FMA per token. Everything lives in one 3-D layout
     [BLOCK_N, 16 words, BLOCK_M] (words as [BLOCK_N, 16, 1], x gathered as [1, 16, BLOCK_M]) so no
     register shuffles are needed; the word lanes are reduced once at the end. With one group per
     128-row block (G >= 128) the scale multiplies the accumulator once per block; smaller groups
@@ -329,10 +329,12 @@ def _w4a16_gemv_kernel(
         x_cur = xs
         xs = _gather_x_block(x_ptrs, block + 1, block_end, K, offs_w, x_mask, EVEN_K)
         if FOLD_SUBS == 8:
-            s, zz = _load_group_params(s_ptr, z_ptr, (block * 128) // group_size, num_groups, offs_n, n_mask, N, 8388608.0, SYMMETRIC)
+            s, zz = _load_group_params(s_ptr, z_ptr, (block * 128) // group_size, num_groups, offs_n, n_mask, N, 0.0, SYMMETRIC)
             zz3 = zz[:, None, None]
         for r in tl.static_range(8):
-            codes = (((words >> (4 * r)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
+            # 2**23 + q exactly, minus 2**23: q as fp32 without an int-to-float convert. (The zero
+            # is subtracted separately: 2**23 + z would drop a fractional zero's fraction.)
+            codes = (((words >> (4 * r)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
             if FOLD_SUBS == 8:
                 if r == 0:
                     part3 = (codes - zz3) * x_cur[r]
@@ -340,7 +342,7 @@ def _w4a16_gemv_kernel(
                     part3 += (codes - zz3) * x_cur[r]
             else:
                 rows = block * 128 + _row_of(offs_w, r)  # [16]
-                s3, zz3 = _load_group_params_2d(s_ptr, z_ptr, rows // group_size, num_groups, offs_n, n_mask, N, 8388608.0, SYMMETRIC)
+                s3, zz3 = _load_group_params_2d(s_ptr, z_ptr, rows // group_size, num_groups, offs_n, n_mask, N, 0.0, SYMMETRIC)
                 acc3 += ((codes - zz3) * s3) * x_cur[r]
         if FOLD_SUBS == 8:
             acc3 += s[:, None, None] * part3

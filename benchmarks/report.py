@@ -1,0 +1,131 @@
+"""Turn a results file into README material: a markdown table and a roofline plot (runs anywhere).
+
+    python benchmarks/report.py [--results benchmarks/results/h200.json] [--plot benchmarks/results/h200_roofline.png]
+
+Roofline: achieved TFLOP/s against arithmetic intensity (FLOP per byte actually required: W4 bytes
+for the 4-bit kernels, fp16 bytes for cuBLAS), one panel per shape, M along each line, with the
+H200 ceilings measured in PERFORMANCE.md (4.2 TB/s streaming read, ~790 TFLOP/s dense fp16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import timing  # noqa: E402
+
+PEAK_TFLOPS = 790.0
+
+
+def is_base(r) -> bool:
+    return r["impl"] == "w4a16" and r.get("dtype") == "fp16" and r.get("group_size") == 128 and not r.get("symmetric") and not r.get("act_order")
+
+
+def variant_name(r) -> str:
+    if is_base(r):
+        return "w4a16"
+    parts = [r["dtype"], f"g{r['group_size']}"] + (["sym"] if r["symmetric"] else []) + (["act-order"] if r["act_order"] else [])
+    return "w4a16 " + " ".join(parts)
+
+
+def nbytes(r) -> int:
+    if r["impl"] in ("fp16", "bf16"):
+        return timing.f16_bytes(r["N"], r["K"], r["M"])
+    return timing.w4_bytes(r["N"], r["K"], r["M"], r.get("group_size", 128), r.get("symmetric", False))
+
+
+def markdown_tables(rows) -> str:
+    fp16 = {(r["shape"], r["M"]): r["us"] for r in rows if r["impl"] == "fp16"}
+    int4 = {(r["shape"], r["M"]): r["us"] for r in rows if r["impl"] == "torch_int4"}
+    ours = {(r["shape"], r["M"]): r for r in rows if is_base(r)}
+    ms = sorted({m for _, m in ours})
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    out = ["| shape (N x K) | " + " | ".join(f"M={m}" for m in ms) + " |", "|---|" + "---|" * len(ms)]
+    for s in shapes:
+        n, k = next((r["N"], r["K"]) for r in rows if r["shape"] == s)
+        cells = []
+        for m in ms:
+            r = ours.get((s, m))
+            cells.append("" if r is None else f"{r['us']:.1f} us ({fp16[(s, m)] / r['us']:.2f}x)")
+        out.append(f"| {s} {n}x{k} | " + " | ".join(cells) + " |")
+    out.append("")
+    out.append("Geometric mean over the eight shapes of fp16 time / time (higher is better):")
+    out.append("")
+    variants = sorted({variant_name(r) for r in rows if r["impl"] == "w4a16"}, key=lambda v: (v != "w4a16", v))
+    out.append("| impl | " + " | ".join(f"M={m}" for m in ms) + " |")
+    out.append("|---|" + "---|" * len(ms))
+    for impl in ["torch_int4"] + variants:
+        cells = []
+        for m in ms:
+            if impl == "torch_int4":
+                vals = [fp16[(s, m)] / int4[(s, m)] for s in shapes if (s, m) in int4]
+            else:
+                vals = [fp16[(r["shape"], m)] / r["us"] for r in rows if r["impl"] == "w4a16" and r["M"] == m and variant_name(r) == impl]
+            cells.append(f"{math.exp(sum(map(math.log, vals)) / len(vals)):.2f}" if vals else "")
+        out.append(f"| {impl} | " + " | ".join(cells) + " |")
+    eager = {(r["shape"], r["impl"]): r["us"] for r in rows if r["impl"].endswith("_eager")}
+    if eager:
+        out.append("")
+        out.append("Eager wall time per call at M = 1 (host loop, us): " + ", ".join(
+            f"{s}: fp16 {eager.get((s, 'fp16_eager'), float('nan')):.0f} / torch_int4 {eager.get((s, 'torch_int4_eager'), float('nan')):.0f} / w4a16 {eager.get((s, 'w4a16_eager'), float('nan')):.0f}"
+            for s in shapes[:2]) + ".")
+    return "\n".join(out)
+
+
+def roofline(rows, path: Path, gpu: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    fig, axes = plt.subplots(2, 4, figsize=(18, 8.5), sharex=True, sharey=True)
+    styles = {"fp16": ("tab:gray", "s"), "torch_int4": ("tab:orange", "^"), "w4a16": ("tab:blue", "o")}
+    for ax, s in zip(axes.flat, shapes):
+        ai = [10 ** (e / 10) for e in range(-10, 41)]
+        ax.plot(ai, [min(PEAK_TFLOPS, a * timing.READ_TBPS) for a in ai], "k--", lw=1, label="H200 ceiling (4.2 TB/s, 790 TFLOP/s)")
+        for impl, (color, marker) in styles.items():
+            pts = sorted((r for r in rows if (r["impl"] == impl if impl != "w4a16" else is_base(r)) and r["shape"] == s), key=lambda r: r["M"])
+            if not pts:
+                continue
+            flops = [2 * r["M"] * r["N"] * r["K"] for r in pts]
+            x = [f / nbytes(r) for f, r in zip(flops, pts)]
+            y = [f / (r["us"] * 1e-6) / 1e12 for f, r in zip(flops, pts)]
+            ax.plot(x, y, marker=marker, color=color, label={"fp16": "cuBLAS fp16", "torch_int4": "torch int4 (tinygemm, bf16)", "w4a16": "w4a16 (ours, fp16 g128)"}[impl])
+            for xi, yi, r in zip(x, y, pts):
+                if r["M"] in (1, 16, 64, 256, 4096):
+                    ax.annotate(str(r["M"]), (xi, yi), fontsize=7, xytext=(3, -9), textcoords="offset points", color=color)
+        n, k = next((r["N"], r["K"]) for r in rows if r["shape"] == s)
+        ax.set_title(f"{s} ({n} x {k})", fontsize=10)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.2)
+    for ax in axes[1]:
+        ax.set_xlabel("FLOP per required byte")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("achieved TFLOP/s")
+    axes.flat[0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"W4A16 GEMM roofline on {gpu}: labels are M (tokens); GPU time from CUDA-graph replay", fontsize=12)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--results", default=str(timing.REPO / "benchmarks" / "results" / "h200.json"))
+    ap.add_argument("--plot", default=str(timing.REPO / "benchmarks" / "results" / "h200_roofline.png"))
+    args = ap.parse_args()
+    data = json.loads(Path(args.results).read_text())
+    print(f"{data['gpu']}, torch {data['torch']}, Triton {data['triton']}, {data['date']}, commit {data['commit']}\n")
+    print(markdown_tables(data["rows"]))
+    if args.plot:
+        roofline(data["rows"], Path(args.plot), data["gpu"])
+        print(f"\nwrote {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""CPU demo of the main job: quantize a random layer, run every Triton kernel path in Triton's
+interpreter through the Hub loader, and report the error against a float64 reference.
+
+    TRITON_INTERPRET=1 python scripts/demo.py     (scripts/run.sh does this without a GPU)
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import timing  # noqa: E402
+
+
+def main() -> None:
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        sys.exit("set TRITON_INTERPRET=1 (no GPU: the Triton kernels run in the interpreter)")
+    w4a16 = timing.load_kernel()  # get_kernel("w4a16-kernels/w4a16", version=1) on a fresh local build
+    torch.manual_seed(0)
+    k, n, group_size = 512, 96, 128
+    weight = torch.randn(k, n) * 0.02  # [in_features, out_features]
+    packed, scales, zeros = w4a16.quantize_weight_int4_grouped(weight, group_size)
+    prepared = w4a16.prepare_weight(packed, scales, zeros, group_size)
+    reference_weight = w4a16.dequantize_int4_grouped(packed, scales, zeros, group_size, torch.float64)
+    print(f"layer K={k} N={n}: {prepared.describe()}; "
+          f"4-bit weight error vs original: {float((reference_weight - weight.double()).norm() / weight.norm()):.3%}")
+    print(f"{'path':10s} {'M':>4s}  relative error vs float64 (x @ dequantized W)")
+    for path in ("gemv", "splitk", "tiled", "dense"):
+        for m in (1, 16, 33):
+            x = torch.randn(m, k, dtype=torch.float16)
+            y = w4a16.w4a16_linear(x, prepared, path=path)
+            ref = x.double() @ reference_weight
+            print(f"{path:10s} {m:4d}  {float((y.double() - ref).norm() / ref.norm()):.2e}")
+    print("On a GPU, scripts/run.sh runs benchmarks/bench_gemm.py instead.")
+
+
+if __name__ == "__main__":
+    main()
