@@ -2,8 +2,9 @@
 
 All kernels read the kernel-native weight layout of `layout.py`:
 
-    qweight int32 [N, Kp/8]  N-major, K-striped in blocks of 128 rows: nibble j of word [n, b*16 + i]
-                             is the code of row k = b*128 + 16*j + i (rows k >= K hold code 0).
+    qweight int32 [N, Kp/8]  N-major, 128-row blocks of 16 words; nibble r = q + 4t of word
+                             [n, b*16 + 2p + h] is the code of row k = b*128 + 16*(4h + q) + 2p + t
+                             (rows k >= K hold code 0): see layout.py.
     scales  [K/G, N]         fp16 / bf16 / fp32, contiguous.
     zeros   [K/G, N]         same dtype rules, or absent (SYMMETRIC: zero 8).
     x       [M, K]           fp16 or bf16, unit stride along K; y [M, N] in x's dtype, unit stride along N.
@@ -16,10 +17,11 @@ kernels, fp32 2**23 for the CUDA-core kernel), so no integer-to-float conversion
 C + q is exact per product and accumulates in fp32.
 
 Kernels:
-- `_w4a16_tc_kernel`: tensor cores, operands swapped (y^T = W x^T) so the weight tile [BLOCK_N, 16]
+- `_w4a16_tc_kernel`: tensor cores, operands swapped (y^T = W x^T) so the weight tile [BLOCK_N, 128]
   is the wide MMA side and tokens the narrow side; optional split-K over the 128-row blocks.
   With SPLIT_K = 1 it is the tiled kernel for mid-size M.
-- `_w4a16_gemv_kernel`: CUDA cores (fp32 FMA) for M <= 4, split-K.
+- `_w4a16_gemv_kernel`: CUDA cores (fp32 FMA) for tiny M, split-K (the H200 table does not pick it;
+  `benchmarks/tune.py` considers it for M <= 2 on every GPU).
 - `_dequantize_kernel`: writes the fp16/bf16 weight [N, K] for the dense (cuBLAS) prefill path.
 
 Split-K reduction: each split writes its fp32 partial tile to a workspace; a per-tile arrival counter
@@ -234,9 +236,9 @@ def _w4a16_tc_kernel(
 
     Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), SPLIT_K). Each program owns the y^T tile
     [BLOCK_N, BLOCK_M] (weights on the wide side of the MMA, tokens on the narrow side) and the
-    128-row blocks of its split. Per block it loads one int32 tile [BLOCK_N, 16]; nibble j of that
-    tile is the weight slice of rows 16j..16j+15 as a [BLOCK_N, 16] matrix (C + q, exact in
-    DOT_DTYPE). The slices of one scale group are concatenated along K (join / permute / reshape:
+    128-row blocks of its split. Per block it loads one int32 tile [BLOCK_N, 16] and unpacks it
+    (`_unpack_slices`: two weights per shift + and-or) into the eight 16-row slices as [BLOCK_N, 16]
+    matrices of C + q, exact in DOT_DTYPE. The slices of one scale group are concatenated along K (join / permute / reshape:
     register relabelling, no data movement) into one operand, so each group costs one dot against
     the matching x^T tile, then one fold of scale and zero into the fp32 accumulator.
     Assumes BLOCK_M >= 16, x and y unit-stride along their last dim, qweight / scales / zeros
