@@ -32,21 +32,6 @@ VARIANTS = {  # name -> (activation dtype, group size, symmetric, act_order)
 }
 
 
-def make_w4_weights(kernel, n, k, group_size, symmetric, act_order, scale_dtype, copies):
-    """Kernel-native weights with random codes (any int32 pattern is valid), via W4A16Weight."""
-    kp8 = -(-k // 128) * 16
-    out = []
-    for _ in range(copies):
-        out.append(kernel.W4A16Weight(
-            qweight=torch.randint(-2**31, 2**31 - 1, (n, kp8), dtype=torch.int32, device="cuda"),
-            scales=(torch.rand(k // group_size, n, device="cuda") * 0.02 + 0.001).to(scale_dtype),
-            zeros=None if symmetric else torch.randint(0, 16, (k // group_size, n), device="cuda").to(scale_dtype),
-            perm=torch.randperm(k, device="cuda") if act_order else None,
-            in_features=k, out_features=n, group_size=group_size,
-        ))
-    return out
-
-
 def torch_int4_weights(n, k, group_size, copies):
     """torch's tinygemm layout (bf16 only), or None where this torch cannot pack it."""
     out = []
@@ -106,7 +91,7 @@ def bench_shape(kernel, shape, ms, variants, rows, eager_m1=True):
         dtype, group_size, symmetric, act_order = VARIANTS[vname]
         fields = dict(dtype="fp16" if dtype == torch.float16 else "bf16", group_size=group_size, symmetric=symmetric, act_order=act_order)
         copies = timing.copies_needed(timing.w4_bytes(n, k, 1, group_size, symmetric))
-        weights = make_w4_weights(kernel, n, k, group_size, symmetric, act_order, dtype, copies)
+        weights = timing.random_w4_weights(kernel, n, k, group_size, copies, symmetric, act_order, dtype)
         err = check_w4a16(kernel, weights[0], dtype)
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=dtype)

@@ -94,6 +94,22 @@ def eager_wall_us(fn, iters: int = 300) -> float:
     return (time.perf_counter() - t0) * 1e6 / iters
 
 
+def random_w4_weights(kernel, n: int, k: int, group_size: int, copies: int, symmetric: bool = False,
+                      act_order: bool = False, scale_dtype=torch.float16) -> list:
+    """`copies` kernel-native W4A16Weight objects with random codes (any int32 pattern is valid)."""
+    kp8 = -(-k // 128) * 16
+    return [
+        kernel.W4A16Weight(
+            qweight=torch.randint(-2**31, 2**31 - 1, (n, kp8), dtype=torch.int32, device="cuda"),
+            scales=(torch.rand(k // group_size, n, device="cuda") * 0.02 + 0.001).to(scale_dtype),
+            zeros=None if symmetric else torch.randint(0, 16, (k // group_size, n), device="cuda").to(scale_dtype),
+            perm=torch.randperm(k, device="cuda") if act_order else None,
+            in_features=k, out_features=n, group_size=group_size,
+        )
+        for _ in range(copies)
+    ]
+
+
 def w4_bytes(n: int, k: int, m: int, group_size: int, symmetric: bool = False) -> int:
     groups = k // group_size
     return n * k // 2 + n * groups * 2 * (1 if symmetric else 2) + m * k * 2 + m * n * 2

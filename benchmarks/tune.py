@@ -55,27 +55,15 @@ def candidates(m: int, n: int, k: int, sm_count: int):
         yield "dense", {}
 
 
-def make_weights(n: int, k: int, group_size: int, copies: int, device="cuda"):
-    """Random kernel-native weights (any int32 bit pattern is a valid packed tile)."""
-    kp8 = -(-k // 128) * 16
-    out = []
-    for _ in range(copies):
-        qweight = torch.randint(-2**31, 2**31 - 1, (n, kp8), dtype=torch.int32, device=device)
-        scales = (torch.rand(k // group_size, n, device=device) * 0.02 + 0.001).half()
-        zeros = torch.randint(0, 16, (k // group_size, n), device=device).half()
-        out.append((qweight, scales, zeros))
-    return out
-
-
 def time_candidate(kernel, weights, x, k, group_size, path, config) -> float:
     plan = kernel.dispatch.Plan(path, config, "tune")
     if path == "dense":
         def call(w):
-            dense = kernel.gemm.dequantize_native(w[0], w[1], w[2], k, group_size, x.dtype)
+            dense = kernel.gemm.dequantize_native(w.qweight, w.scales, w.zeros, k, group_size, x.dtype)
             return torch.nn.functional.linear(x, dense)
     else:
         def call(w):
-            return kernel.gemm._launch_matmul_kernel(x, w[0], w[1], w[2], k, group_size, plan)
+            return kernel.gemm._launch_matmul_kernel(x, w.qweight, w.scales, w.zeros, k, group_size, plan)
     return timing.gpu_time_us([lambda w=w: call(w) for w in weights], replays=7)
 
 
@@ -101,7 +89,7 @@ def main() -> None:
         if wanted and shape["name"] not in wanted:
             continue
         n, k = shape["N"], shape["K"]
-        weights = make_weights(n, k, group_size, timing.copies_needed(timing.w4_bytes(n, k, 1, group_size)))
+        weights = timing.random_w4_weights(kernel, n, k, group_size, timing.copies_needed(timing.w4_bytes(n, k, 1, group_size)))
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.float16)
             best = None

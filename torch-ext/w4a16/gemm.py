@@ -37,6 +37,7 @@ import triton.language as tl
 
 from .dispatch import Plan, plan_gemm
 from .layout import K_BLOCK, unpack_int4_n_major_striped
+from .quantize import apply_group_params, validate_group_size
 
 __all__ = ["w4a16_matmul", "validate_gemm_inputs", "dequantize_native"]
 
@@ -402,18 +403,13 @@ def validate_gemm_inputs(x, qweight, scales, zeros, perm, in_features: int, grou
     if qweight.dtype != torch.int32 or qweight.dim() != 2:
         raise TypeError(f"qweight must be a 2-D int32 tensor [N, Kp/8], got {qweight.dtype} {tuple(qweight.shape)}")
     k = in_features
-    if k <= 0 or k % 8 != 0:
-        raise ValueError(f"in_features (K) must be a positive multiple of 8, got {k}")
+    group_size = validate_group_size(group_size, k)  # also checks K
     if x.dim() < 1 or x.shape[-1] != k:
         raise ValueError(f"x must have in_features={k} as its last dim, got shape {tuple(x.shape)}")
     n = qweight.shape[0]
     words = -(-k // K_BLOCK) * (K_BLOCK // 8)
     if qweight.shape[1] != words:
         raise ValueError(f"qweight must have shape [N, ceil(K/128)*16] = [{n}, {words}] for K={k}, got {tuple(qweight.shape)}")
-    if group_size <= 0 or k % group_size != 0:
-        raise ValueError(f"group_size must divide in_features (K={k}), got {group_size}")
-    if group_size != k and not (group_size % 16 == 0 and (128 % group_size == 0 or group_size % 128 == 0)):
-        raise ValueError(f"group_size must be 16, 32, 64, a multiple of 128, or K (per-channel), got {group_size}")
     if scales.dtype not in _FLOAT_DTYPES or tuple(scales.shape) != (k // group_size, n):
         raise ValueError(f"scales must be a float tensor of shape [K/G, N] = {(k // group_size, n)}, got {scales.dtype} {tuple(scales.shape)}")
     if zeros is not None and (zeros.dtype not in _FLOAT_DTYPES or tuple(zeros.shape) != (k // group_size, n)):
@@ -484,10 +480,7 @@ def dequantize_native(qweight, scales, zeros, in_features: int, group_size: int,
 
 def _reference_matmul(x2, qweight, scales, zeros, in_features, group_size) -> torch.Tensor:
     """Plain torch: dequantize (fp32) and matmul. The CPU path of the op."""
-    codes = unpack_int4_n_major_striped(qweight, in_features).to(torch.float32)
-    s = scales.to(torch.float32).repeat_interleave(group_size, dim=0)
-    z = 8.0 if zeros is None else zeros.to(torch.float32).repeat_interleave(group_size, dim=0)
-    w = (codes - z) * s
+    w = apply_group_params(unpack_int4_n_major_striped(qweight, in_features), scales, zeros, group_size, torch.float32)
     return (x2.to(torch.float32) @ w).to(x2.dtype)
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .quantize import SYMMETRIC_ZERO, unpack_int4_k_major, validate_group_size
+from .quantize import SYMMETRIC_ZERO, apply_group_params, unpack_int4_k_major, validate_group_size
 
 __all__ = [
     "K_BLOCK",
@@ -131,11 +131,8 @@ class W4A16Weight:
 
     def dequantize(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """The weight [K, N] = (q - z) * s in the original row order, computed in float64."""
-        codes_sorted = unpack_int4_n_major_striped(self.qweight, self.in_features).to(torch.float64)
-        g = self.group_size
-        s = self.scales.to(torch.float64).repeat_interleave(g, dim=0)
-        z = SYMMETRIC_ZERO if self.zeros is None else self.zeros.to(torch.float64).repeat_interleave(g, dim=0)
-        w_sorted = (codes_sorted - z) * s
+        codes_sorted = unpack_int4_n_major_striped(self.qweight, self.in_features)
+        w_sorted = apply_group_params(codes_sorted, self.scales, self.zeros, self.group_size, torch.float64)
         if self.perm is None:
             return w_sorted.to(dtype)
         w = torch.empty_like(w_sorted)

@@ -26,6 +26,7 @@ __all__ = [
     "pack_int4_k_major",
     "unpack_int4_k_major",
     "dequantize_int4_grouped",
+    "apply_group_params",
 ]
 
 SYMMETRIC_ZERO = 8
@@ -161,11 +162,16 @@ def dequantize_int4_grouped(
         raise ValueError(f"scales must have shape [K/G, N] = {(k // g, n)}, got {tuple(scales.shape)}")
     if zeros is not None and tuple(zeros.shape) != (k // g, n):
         raise ValueError(f"zeros must have shape [K/G, N] = {(k // g, n)}, got {tuple(zeros.shape)}")
-    s = scales.to(torch.float64).repeat_interleave(g, dim=0)
-    z = (
-        torch.full_like(s, float(SYMMETRIC_ZERO))
-        if zeros is None
-        else zeros.to(torch.float64).repeat_interleave(g, dim=0)
-    )
-    w = (codes.to(torch.float64) - z) * s
-    return w.to(dtype or scales.dtype)
+    return apply_group_params(codes, scales, zeros, g, torch.float64).to(dtype or scales.dtype)
+
+
+def apply_group_params(
+    codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, group_size: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """(q - z[k // G]) * s[k // G] for codes [K, N] (rows in group order), computed in `dtype`.
+
+    The one place the grouped reconstruction is written; `zeros=None` means symmetric (z = 8).
+    """
+    s = scales.to(dtype).repeat_interleave(group_size, dim=0)
+    z = SYMMETRIC_ZERO if zeros is None else zeros.to(dtype).repeat_interleave(group_size, dim=0)
+    return (codes.to(dtype) - z) * s
