@@ -3,7 +3,7 @@
     python benchmarks/tune.py [--out torch-ext/w4a16/tuned_nvidia_h200.json] [--m 1,2,4,...]
 
 For each shape of shared/bench/shapes.json and each M bucket it times every candidate (path, tile,
-split-K, warps, stages) with the benchmark method of timing.py (CUDA graph over rotating weight
+split-K, warps, stages, scale mode) with the benchmark method of timing.py (CUDA graph over rotating weight
 copies, fp16 activations, group 128, asymmetric) and keeps the fastest. Other formats (bf16,
 symmetric, other group sizes, act-order) reuse the table: the bytes and the loop are the same.
 """
@@ -30,8 +30,8 @@ def candidates(m: int, n: int, k: int, sm_count: int):
     def splits(tiles, most=16):
         return [s for s in (1, 2, 4, 8, 16) if s <= most and (s == 1 or (tiles * s <= 4 * sm_count and k_blocks // s >= 2))]
 
-    def cfg(bn, bm, w, st, split):
-        return {"BLOCK_N": bn, "BLOCK_M": bm, "SPLIT_K": split, "num_warps": w, "num_stages": st}
+    def cfg(bn, bm, w, st, split, operand=False):
+        return {"BLOCK_N": bn, "BLOCK_M": bm, "SPLIT_K": split, "num_warps": w, "num_stages": st, "SCALE_IN_OPERAND": operand}
 
     if m <= 2:
         bm = 1 << (m - 1).bit_length()
@@ -40,17 +40,22 @@ def candidates(m: int, n: int, k: int, sm_count: int):
                 yield "gemv", cfg(bn, bm, w, st, split)
     if m <= 64:
         bm = 16 if m <= 16 else (32 if m <= 32 else 64)
-        for bn, w, st in ((64, 4, 4), (128, 4, 4), (128, 8, 4), (256, 8, 3)):
+        # Scale in the operand wants 128 weight rows per warpgroup (else the operand is re-laid out
+        # through shared memory): BLOCK_N = 128 with 4 warps, 256 with 8 (or 64 on mma.sync, 2 warps).
+        for bn, w, st, operand in ((64, 4, 4, False), (128, 4, 4, False), (128, 8, 4, False), (256, 8, 3, False),
+                                   (128, 4, 4, True), (128, 4, 3, True), (256, 8, 4, True), (64, 2, 4, True)):
             tiles = -(-n // bn) * -(-m // bm)
             for split in splits(tiles):
-                yield ("splitk" if split > 1 else "tiled"), cfg(bn, bm, w, st, split)
+                yield ("splitk" if split > 1 else "tiled"), cfg(bn, bm, w, st, split, operand)
     if m >= 64:
-        for bn, bm, w, st in ((128, 64, 4, 3), (128, 128, 8, 3), (256, 64, 8, 3), (256, 128, 8, 3)):
+        for bn, bm, w, st, operand in ((128, 64, 4, 3, False), (128, 128, 8, 3, False), (256, 64, 8, 3, False),
+                                       (256, 128, 8, 3, False), (128, 64, 4, 4, True), (128, 128, 8, 3, True),
+                                       (256, 64, 8, 3, True), (256, 128, 8, 3, True)):
             if bm > 2 * m:
                 continue
             tiles = -(-n // bn) * -(-m // bm)
             for split in splits(tiles, most=2):
-                yield ("splitk" if split > 1 else "tiled"), cfg(bn, bm, w, st, split)
+                yield ("splitk" if split > 1 else "tiled"), cfg(bn, bm, w, st, split, operand)
     if m >= 64:  # the dense path (dequantize + cuBLAS) beat the fused kernel at M = 256 on every shape
         yield "dense", {}
 

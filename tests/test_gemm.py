@@ -11,7 +11,9 @@ import os
 import pytest
 import torch
 
-TRITON_PATHS = ("gemv", "splitk", "tiled", "dense")
+# Each Triton path the dispatcher can choose; the tensor-core paths in both scale modes (fold:
+# scale and zero applied to the fp32 accumulator per group; operand: dequantized in the operand).
+TRITON_PATHS = ("gemv", "splitk:fold", "splitk:operand", "tiled:fold", "tiled:operand", "dense")
 BATCH_SIZES = (1, 2, 3, 8, 16, 33, 64)
 TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
@@ -62,9 +64,10 @@ def run_and_check(w4a16, weight, ref, x, path):
     """Run one forced path into a NaN-poisoned output and return the relative error (all written)."""
     m = x.shape[0]
     out = torch.full((m, weight.out_features), float("nan"), dtype=x.dtype, device=x.device)
+    kernel_path, _, mode = path.partition(":")
     y = w4a16.gemm.w4a16_matmul(
         x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features, weight.group_size,
-        path=path, out=out,
+        path=kernel_path, out=out, config={"SCALE_IN_OPERAND": mode == "operand"} if mode else None,
     )
     assert y.data_ptr() == out.data_ptr()
     assert not torch.isnan(y).any(), f"{path}: unwritten (NaN) output elements at M={m}"
@@ -255,6 +258,21 @@ def test_check_layer(w4a16):
     wrong[:, :8] = wrong[:, :8].flip(1)  # a wrong nibble order within the first word
     with pytest.raises(ValueError, match="check_layer failed"):
         w4a16.check_layer(weight, reference_linear_weight=wrong, batch_sizes=(1, 3))
+
+
+def test_split_k_counters_are_reused_clean(w4a16, device):
+    """The split-K arrival counters come from a per-stream slot that every launch leaves zeroed."""
+    if not triton_available(device):
+        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
+    weight, ref = random_layer(w4a16, 512, 40, 128, False, torch.float16, device, seed=11)
+    gemm = w4a16.gemm
+    for m in (1, 5):
+        x = torch.randn(m, 512).to(device=device, dtype=torch.float16)
+        err = run_and_check(w4a16, weight, ref, x, "splitk:operand")
+        assert err < TOL[torch.float16]
+        counters = gemm._split_k_counters(torch.device(device), 64)
+        assert counters.numel() == 64 and int(counters.abs().sum()) == 0
+    assert gemm._split_k_counters(torch.device(device), gemm._COUNTER_SLOT + 1).numel() == gemm._COUNTER_SLOT + 1
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

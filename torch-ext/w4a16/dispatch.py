@@ -97,14 +97,28 @@ def _heuristic(m: int, n: int, k: int, sm_count: int) -> Plan:
     split = _split_for(tiles, k_blocks, sm_count)
     if split > 1:
         path = "splitk"
-    cfg = {"BLOCK_N": block_n, "BLOCK_M": block_m, "SPLIT_K": split, "num_warps": 4, "num_stages": 3}
+    cfg = {"BLOCK_N": block_n, "BLOCK_M": block_m, "SPLIT_K": split, "num_warps": 4, "num_stages": 3, "SCALE_IN_OPERAND": True}
     return Plan(path, cfg, "heuristic")
 
 
-def _forced(path: str, m: int, n: int, k: int) -> Plan:
-    """Small, always-valid configurations for a path named by the caller (tests, benchmarks)."""
+CONFIG_KEYS = ("BLOCK_N", "BLOCK_M", "SPLIT_K", "num_warps", "num_stages", "SCALE_IN_OPERAND")
+
+
+def _forced(path: str, m: int, n: int, k: int, config: dict | None = None) -> Plan:
+    """Small, always-valid configurations for a path named by the caller (tests, benchmarks), with
+    `config`'s entries (keys of CONFIG_KEYS) replacing the defaults."""
     if path not in PATHS:
         raise ValueError(f"path must be 'auto' or one of {PATHS}, got {path!r}")
+    plan = _forced_default(path, m)
+    if config:
+        unknown = set(config) - set(CONFIG_KEYS)
+        if unknown:
+            raise ValueError(f"config keys must be among {CONFIG_KEYS}, got {sorted(unknown)}")
+        plan = Plan(path, {**plan.config, **config}, "forced")
+    return plan
+
+
+def _forced_default(path: str, m: int) -> Plan:
     if path == "gemv":
         block_m = 1 << max(0, (min(m, 4) - 1).bit_length())
         return Plan(path, {"BLOCK_N": 32, "BLOCK_M": block_m, "SPLIT_K": 2, "num_warps": 4, "num_stages": 2}, "forced")
@@ -124,7 +138,7 @@ def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, d
         rows = table.get((n, k))
         if rows:
             row = next((r for r in rows if r["M"] >= mb), rows[-1])
-            cfg = {key: row[key] for key in ("BLOCK_N", "BLOCK_M", "SPLIT_K", "num_warps", "num_stages") if key in row}
+            cfg = {key: row[key] for key in CONFIG_KEYS if key in row}
             plan = Plan(row["path"], cfg, f"tuned:{file}")
         else:
             plan = _heuristic(mb, n, k, sm_count)
@@ -144,14 +158,18 @@ def plan_gemm(
     path: str = "auto",
     symmetric: bool = False,
     strict: bool = False,
+    config: dict | None = None,
 ) -> Plan:
-    """The plan for y[m, n] = x[m, k] @ W. `path` other than "auto" forces a path.
+    """The plan for y[m, n] = x[m, k] @ W. `path` other than "auto" forces a path (and `config`
+    may then override its launch configuration: tests and benchmarks).
 
     With `strict=True`, a plan that does not come from a tuned table for this GPU and shape raises
     RuntimeError (so a deployment notices a silent fallback to a generic configuration).
     """
     if path != "auto":
-        return _forced(path, m, n, k)
+        return _forced(path, m, n, k, config)
+    if config is not None:
+        raise ValueError("config may only be given together with a forced path (path='splitk', ...)")
     if device.type != "cuda":
         if strict:
             raise RuntimeError(f"w4a16: no Triton path for tensors on {device} (strict): only the plain torch reference runs there")

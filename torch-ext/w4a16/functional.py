@@ -1,7 +1,7 @@
 """The functional API: run the registered GEMM op on a prepared weight, explain its plan, check a layer.
 
-These call the torch op `gemm` registered in `__init__.py` (through `ops`), so they work eagerly,
-under `torch.compile(fullgraph=True)` and inside CUDA-graph capture.
+Under `torch.compile` these call the torch op `gemm` registered in `__init__.py` (through `ops`), so
+the graph has no break; eagerly (and inside CUDA-graph capture) they call the function the op wraps.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 
 from ._ops import ops
 from .dispatch import Plan, plan_gemm
+from .gemm import w4a16_matmul
 from .layout import W4A16Weight, prepare_weight
 
 __all__ = ["w4a16_linear", "w4a16_gemm", "plan_for", "check_layer", "LayerCheck"]
@@ -30,7 +31,10 @@ def w4a16_linear(
     `path` forces a kernel ("gemv", "splitk", "tiled", "dense", "reference"); `strict=True` raises
     instead of falling back to an untuned configuration (see dispatch.py).
     """
-    y = ops.gemm(x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features, weight.group_size, path, strict)
+    args = (x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features, weight.group_size, path, strict)
+    # Eagerly, call the function the op wraps: the dispatcher round trip of a custom op costs tens of
+    # microseconds per call, as much as the whole GEMM of a small layer. torch.compile sees the op.
+    y = ops.gemm(*args) if torch.compiler.is_compiling() else w4a16_matmul(*args)
     return y if bias is None else y + bias.to(y.dtype)
 
 

@@ -41,7 +41,9 @@ from .quantize import apply_group_params, validate_group_size
 
 __all__ = ["w4a16_matmul", "validate_gemm_inputs", "dequantize_native"]
 
-_MAGIC_BITS = {torch.float16: 0x6400, torch.bfloat16: 0x4300}
+# fp16 1024.0 / bf16 128.0 in both 16-bit halves of a word: OR-ed with two nibbles at bits 0 and 16
+# it gives the two 16-bit floats C + q (the magic-number conversion).
+_MAGIC_PAIR = {torch.float16: 0x64006400, torch.bfloat16: 0x43004300}
 _MAGIC_VALUE = {torch.float16: 1024.0, torch.bfloat16: 128.0}
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
@@ -121,19 +123,80 @@ def _concat_k(a, b):
 
 
 @triton.jit
-def _unpack_slices(words, MAGIC_BITS: tl.constexpr, XT_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """A [BLOCK_N, 16] word tile -> the 8 slices [BLOCK_N, 16] of MAGIC + code, as a tuple (slice j).
+def _magic_pairs(words, q: tl.constexpr, MAGIC_PAIR: tl.constexpr, USE_ASM: tl.constexpr):
+    """((words >> 4q) & 0x000F000F) | MAGIC_PAIR for a uint32 tile: nibbles q and q + 4 as two 16-bit floats.
 
-    For q = 0..3 one shift and one and-or turn every word into two 16-bit magic values, the row
-    pair (2p, 2p+1) of slice 4h + q (see layout.py); even word columns (h = 0) hold slices 0..3, odd
-    ones (h = 1) slices 4..7. Split, join and reshape only relabel registers.
+    With USE_ASM (NVIDIA) it is one PTX `lop3` with both constants as operands (ptxas keeps one in a
+    register: one LOP3 per word instead of two); the plain bit-op twin is what the Triton
+    interpreter and AMD run, and what the asm must equal.
     """
-    magic2: tl.constexpr = MAGIC_BITS * 0x10001
+    if USE_ASM:
+        if q == 0:
+            asm: tl.constexpr = f"lop3.b32 $0, $1, 0x000F000F, {MAGIC_PAIR}, 0xEA;"
+        else:
+            asm: tl.constexpr = f"{{ .reg .b32 t; shr.b32 t, $1, {4 * q}; lop3.b32 t, t, 0x000F000F, {MAGIC_PAIR}, 0xEA; mov.b32 $0, t; }}"
+        return tl.inline_asm_elementwise(asm, "=r,r", [words], dtype=tl.uint32, is_pure=True, pack=1)
+    else:
+        return ((words >> (4 * q)) & 0x000F000F) | MAGIC_PAIR
+
+
+@triton.jit
+def _pack_pair(v, XT_DTYPE: tl.constexpr):
+    """A 16-bit float tensor -> uint32 holding its bits in both halves (the operand of packed math)."""
+    bits = v.to(XT_DTYPE).to(tl.uint16, bitcast=True).to(tl.uint32)
+    return bits | (bits << 16)
+
+
+@triton.jit
+def _dequantize_pairs(pairs, params, MAGIC_VALUE: tl.constexpr, XT_DTYPE: tl.constexpr, USE_ASM: tl.constexpr):
+    """Pairs of C + q (uint32) -> pairs of (q - z) * s in XT_DTYPE, two packed instructions per pair.
+
+    params = (s, R, -(C + z - R) * s), each [BLOCK_N, 1], with R = C + z rounded to XT_DTYPE
+    (`_load_operand_params`). The weight is fma(c - R, s, residual): c - R is exact, and for an
+    integer zero the residual is 0, so the result is (q - z) * s rounded once, like a weight
+    dequantized to fp16/bf16 for cuBLAS. With USE_ASM the params are packed pairs (uint32) and
+    sub + fma run on f16x2 / bf16x2; the twin computes the same in fp32 on the two halves.
+    """
+    scale, shifted_zero, residual = params
+    if USE_ASM:
+        T: tl.constexpr = "f16x2" if XT_DTYPE == tl.float16 else "bf16x2"
+        asm: tl.constexpr = f"{{ .reg .b32 t; sub.{T} t, $1, $3; fma.rn.{T} $0, t, $2, $4; }}"
+        return tl.inline_asm_elementwise(asm, "=r,r,r,r,r", [pairs, scale, shifted_zero, residual], dtype=tl.uint32,
+                                         is_pure=True, pack=1)
+    else:
+        low = (pairs & 0xFFFF).to(tl.uint16).to(XT_DTYPE, bitcast=True).to(tl.float32)
+        high = (pairs >> 16).to(tl.uint16).to(XT_DTYPE, bitcast=True).to(tl.float32)
+        low = ((low - shifted_zero) * scale + residual).to(XT_DTYPE).to(tl.uint16, bitcast=True).to(tl.uint32)
+        high = ((high - shifted_zero) * scale + residual).to(XT_DTYPE).to(tl.uint16, bitcast=True).to(tl.uint32)
+        return low | (high << 16)
+
+
+@triton.jit
+def _unpack_slices(words, operand_params, MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr,
+                   DEQUANTIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, XT_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+    """A [BLOCK_N, 16] word tile -> the 8 slices [BLOCK_N, 16] (slice j = rows 16j..16j+15), as a tuple.
+
+    For q = 0..3 one shift and one and-or (`_magic_pairs`) turn every word into two 16-bit magic
+    values C + q, the row pair (2p, 2p+1) of slice 4h + q (see layout.py); even word columns (h = 0)
+    hold slices 0..3, odd ones (h = 1) slices 4..7. With DEQUANTIZE the pairs become (q - z) * s
+    (`_dequantize_pairs`; operand_params holds one parameter triple per scale fold). Split, join and
+    reshape only relabel registers.
+    """
     low_slices = ()
     high_slices = ()
     for q in tl.static_range(4):
-        pairs = ((words >> (4 * q)) & 0x000F000F) | magic2  # [BLOCK_N, 16]: word c = 2p + h (words: uint32)
-        even, odd = tl.split(tl.reshape(pairs, (BLOCK_N, 8, 2)))
+        pairs = _magic_pairs(words, q, MAGIC_PAIR, USE_ASM)  # [BLOCK_N, 16]: word c = 2p + h (words: uint32)
+        if DEQUANTIZE:
+            if FOLD_SUBS == 8:  # one group for the block
+                pairs = _dequantize_pairs(pairs, operand_params[0], MAGIC_VALUE, XT_DTYPE, USE_ASM)
+                even, odd = tl.split(tl.reshape(pairs, (BLOCK_N, 8, 2)))
+            else:  # slice j = 4h + q belongs to fold j // FOLD_SUBS
+                even, odd = tl.split(tl.reshape(pairs, (BLOCK_N, 8, 2)))
+                even = _dequantize_pairs(even, operand_params[q // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
+                odd = _dequantize_pairs(odd, operand_params[(4 + q) // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
+        else:
+            even, odd = tl.split(tl.reshape(pairs, (BLOCK_N, 8, 2)))
         low_slices = low_slices + (_pairs_to_slice(even, XT_DTYPE, BLOCK_N).to(DOT_DTYPE),)
         high_slices = high_slices + (_pairs_to_slice(odd, XT_DTYPE, BLOCK_N).to(DOT_DTYPE),)
     return low_slices + high_slices
@@ -175,7 +238,7 @@ def _concat_slices(slices, START: tl.constexpr, COUNT: tl.constexpr):
 
 
 @triton.jit
-def _load_fold_inputs(x_ptrs, s_ptr, z_ptr, block, block_end, K, N, num_groups, group_size, offs_n, n_mask, m_mask, offs_fold,
+def _load_fold_inputs(x_ptrs, s_ptr, z_ptr, block, block_end, K, N, num_groups, GROUP_SIZE: tl.constexpr, offs_n, n_mask, m_mask, offs_fold,
                       FOLD_SUBS: tl.constexpr, MAGIC_VALUE: tl.constexpr, SYMMETRIC: tl.constexpr, EVEN_K: tl.constexpr):
     """For each scale fold of `block`: the x^T tile (for its column sums), s and z + MAGIC_VALUE.
 
@@ -191,7 +254,7 @@ def _load_fold_inputs(x_ptrs, s_ptr, z_ptr, block, block_end, K, N, num_groups, 
     for f in tl.static_range(8 // FOLD_SUBS):
         k0 = block * 128 + f * FOLD_ROWS
         x_tiles = x_tiles + (_load_x_rows(x_ptrs + k0, k0 + offs_fold, K, m_mask, EVEN_K, ".ca", block < block_end),)
-        s, zz = _load_group_params(s_ptr, z_ptr, k0 // group_size, num_groups, offs_n, n_mask & in_range, N, MAGIC_VALUE, SYMMETRIC)
+        s, zz = _load_group_params(s_ptr, z_ptr, k0 // GROUP_SIZE, num_groups, offs_n, n_mask & in_range, N, MAGIC_VALUE, SYMMETRIC)
         scales = scales + (s,)
         zeros = zeros + (zz,)
     return x_tiles, scales, zeros
@@ -225,12 +288,40 @@ def _split_range(num_blocks, SPLIT_K):
 
 
 @triton.jit
+def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_mask, N, GROUP_SIZE: tl.constexpr,
+                         FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, MAGIC_VALUE: tl.constexpr, XT_DTYPE: tl.constexpr,
+                         USE_ASM: tl.constexpr):
+    """For each scale fold of `block`, the triple (s, R, residual) that `_dequantize_pairs` takes.
+
+    s is the scale rounded to XT_DTYPE, R = C + z rounded to XT_DTYPE (exact for integer zeros),
+    residual = -(C + z - R) * s (0 for integer zeros; a fractional zero's fraction otherwise).
+    Each is [BLOCK_N, 1]: packed pairs (uint32) with USE_ASM, fp32 values otherwise.
+    """
+    FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
+    in_range = (offs_n * 0 + block) < block_end
+    params = ()
+    for f in tl.static_range(8 // FOLD_SUBS):
+        s, zz = _load_group_params(s_ptr, z_ptr, (block * 128 + f * FOLD_ROWS) // GROUP_SIZE, num_groups, offs_n,
+                                   n_mask & in_range, N, MAGIC_VALUE, SYMMETRIC)
+        s = s.to(XT_DTYPE)
+        shifted_zero = zz.to(XT_DTYPE)
+        residual = (-(zz - shifted_zero.to(tl.float32)) * s.to(tl.float32)).to(XT_DTYPE)
+        if USE_ASM:
+            params = params + ((_pack_pair(s, XT_DTYPE)[:, None], _pack_pair(shifted_zero, XT_DTYPE)[:, None],
+                                _pack_pair(residual, XT_DTYPE)[:, None]),)
+        else:
+            params = params + ((s.to(tl.float32)[:, None], shifted_zero.to(tl.float32)[:, None], residual.to(tl.float32)[:, None]),)
+    return params
+
+
+@triton.jit
 def _w4a16_tc_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr,
-    M, N, K, num_groups, group_size, stride_xm, stride_ym,
+    M, N, K, num_groups, stride_xm, stride_ym,
+    GROUP_SIZE: tl.constexpr,
     FOLD_SUBS: tl.constexpr,  # 16-row slices per scale fold: min(G, 128) / 16 (8 for per-channel)
-    SYMMETRIC: tl.constexpr,
-    MAGIC_BITS: tl.constexpr, MAGIC_VALUE: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
+    MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K, IS_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
 ):
     """y[M, N] = x[M, K] @ W[K, N] with W in the kernel-native layout, on tensor cores.
@@ -239,12 +330,19 @@ def _w4a16_tc_kernel(
     [BLOCK_N, BLOCK_M] (weights on the wide side of the MMA, tokens on the narrow side) and the
     128-row blocks of its split. Per block it loads one int32 tile [BLOCK_N, 16] and unpacks it
     (`_unpack_slices`: two weights per shift + and-or) into the eight 16-row slices as [BLOCK_N, 16]
-    matrices of C + q, exact in DOT_DTYPE. The slices of one scale group are concatenated along K (join / permute / reshape:
-    register relabelling, no data movement) into one operand, so each group costs one dot against
-    the matching x^T tile, then one fold of scale and zero into the fp32 accumulator.
+    matrices of C + q, exact in DOT_DTYPE. Slices are concatenated along K (join / permute / reshape:
+    register relabelling, no data movement) into one dot operand. Two ways to apply scale and zero:
+
+    - SCALE_IN_OPERAND: each slice becomes (c - C) * s - z*s in x's dtype (two packed
+      instructions per pair of weights), the whole 128-row block is one dot, and the accumulator
+      chains from block to block with nothing between the MMAs (so they can run asynchronously).
+    - otherwise: one dot per scale group on the raw C + q, then the fold
+      acc += s * dot - s * (z + C) * sum_k x (exact in fp32 for any zero) after every group.
+
     Assumes BLOCK_M >= 16, x and y unit-stride along their last dim, qweight / scales / zeros
-    contiguous. The weight and x^T tiles are only used by the dot, which lets Triton's software
-    pipeliner stream both with asynchronous copies.
+    contiguous, MAGIC_PAIR = the magic bits of x's dtype in both 16-bit halves. The weight and x^T
+    tiles are only used by the dot, which lets Triton's software pipeliner stream both with
+    asynchronous copies.
     """
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -255,34 +353,48 @@ def _w4a16_tc_kernel(
     words_per_row = tl.cdiv(K, 128) * 16
     offs_w = tl.arange(0, 16)
     FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
-    offs_fold = tl.arange(0, FOLD_ROWS)
+    X_ROWS: tl.constexpr = 128 if SCALE_IN_OPERAND else FOLD_ROWS
+    offs_xk = tl.arange(0, X_ROWS)
 
     w_ptrs = qw_ptr + offs_n[:, None].to(tl.int64) * words_per_row + offs_w[None, :]
-    x_ptrs = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + offs_fold[:, None]  # x^T [FOLD_ROWS, BLOCK_M]
+    x_ptrs = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + offs_xk[:, None]  # x^T [X_ROWS, BLOCK_M]
     xt_dtype = x_ptr.dtype.element_ty
 
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     block_start, block_end = _split_range(tl.cdiv(K, 128), SPLIT_K)
-    # The fold's side inputs (x^T again, for its column sums; scales; zeros) are plain loads, which
-    # the pipeliner does not stream: fetch them one block ahead so their latency hides behind a
-    # block of unpacking and MMA instead of stalling every iteration.
-    side = _load_fold_inputs(x_ptrs, s_ptr, z_ptr, block_start, block_end, K, N, num_groups, group_size, offs_n, n_mask,
-                             m_mask, offs_fold, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K)
+    # Side inputs (scales, zeros and, for the fold, x^T again for its column sums) are plain loads,
+    # which the pipeliner does not stream: fetch them one block ahead so their latency hides behind
+    # a block of unpacking and MMA instead of stalling every iteration.
+    if SCALE_IN_OPERAND:
+        side = _load_operand_params(s_ptr, z_ptr, block_start, block_end, num_groups, offs_n, n_mask, N,
+                                    GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM)
+    else:
+        side = _load_fold_inputs(x_ptrs, s_ptr, z_ptr, block_start, block_end, K, N, num_groups, GROUP_SIZE, offs_n, n_mask,
+                                 m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K)
     for block in range(block_start, block_end):
         # uint32 so that shifts are logical (no sign extension to mask away)
         words = tl.load(w_ptrs + block * 16, mask=n_mask[:, None], other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
-        x_again, scales, shifted_zeros = side
-        side = _load_fold_inputs(x_ptrs, s_ptr, z_ptr, block + 1, block_end, K, N, num_groups, group_size, offs_n, n_mask,
-                                 m_mask, offs_fold, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K)
-        slices = _unpack_slices(words, MAGIC_BITS, xt_dtype, DOT_DTYPE, BLOCK_N)
-        for f in tl.static_range(8 // FOLD_SUBS):
-            k0 = block * 128 + f * FOLD_ROWS
-            a = _concat_slices(slices, f * FOLD_SUBS, FOLD_SUBS)  # [BLOCK_N, FOLD_ROWS]
-            xt = _load_x_rows(x_ptrs + k0, k0 + offs_fold, K, m_mask, EVEN_K, "", True)
-            part = tl.dot(a, xt.to(DOT_DTYPE), out_dtype=tl.float32)
-            xsum = tl.sum(x_again[f].to(tl.float32), axis=0)
-            s = scales[f]
-            acc += s[:, None] * part - (s * shifted_zeros[f])[:, None] * xsum[None, :]
+        if SCALE_IN_OPERAND:
+            params = side
+            side = _load_operand_params(s_ptr, z_ptr, block + 1, block_end, num_groups, offs_n, n_mask, N,
+                                        GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM)
+            weights = _unpack_slices(words, params, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, True, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
+            k0 = block * 128
+            xt = _load_x_rows(x_ptrs + k0, k0 + offs_xk, K, m_mask, EVEN_K, "", True)
+            acc = tl.dot(_concat_slices(weights, 0, 8), xt.to(DOT_DTYPE), acc, out_dtype=tl.float32)
+        else:
+            x_again, scales, shifted_zeros = side
+            side = _load_fold_inputs(x_ptrs, s_ptr, z_ptr, block + 1, block_end, K, N, num_groups, GROUP_SIZE, offs_n, n_mask,
+                                     m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K)
+            slices = _unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
+            for f in tl.static_range(8 // FOLD_SUBS):
+                k0 = block * 128 + f * FOLD_ROWS
+                a = _concat_slices(slices, f * FOLD_SUBS, FOLD_SUBS)  # [BLOCK_N, FOLD_ROWS]
+                xt = _load_x_rows(x_ptrs + k0, k0 + offs_xk, K, m_mask, EVEN_K, "", True)
+                part = tl.dot(a, xt.to(DOT_DTYPE), out_dtype=tl.float32)
+                xsum = tl.sum(x_again[f].to(tl.float32), axis=0)
+                s = scales[f]
+                acc += s[:, None] * part - (s * shifted_zeros[f])[:, None] * xsum[None, :]
 
     _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
 
@@ -362,7 +474,7 @@ def _w4a16_gemv_kernel(
 @triton.jit
 def _dequantize_kernel(
     qw_ptr, s_ptr, z_ptr, w_ptr, N, K, num_groups, group_size,
-    FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, MAGIC_BITS: tl.constexpr, MAGIC_VALUE: tl.constexpr,
+    FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """w[N, K] (row-major, w's dtype: fp16 or bf16) = (q - z) * s, one [BLOCK_N, 128] block per program.
@@ -379,7 +491,7 @@ def _dequantize_kernel(
     w_dtype = w_ptr.dtype.element_ty
     words = tl.load(qw_ptr + offs_n[:, None].to(tl.int64) * words_per_row + block * 16 + tl.arange(0, 16)[None, :],
                     mask=n_mask[:, None], other=0).to(tl.uint32, bitcast=True)
-    slices = _unpack_slices(words, MAGIC_BITS, w_dtype, w_dtype, BLOCK_N)
+    slices = _unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, w_dtype, w_dtype, BLOCK_N)
     FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
     for f in tl.static_range(8 // FOLD_SUBS):
         k0 = block * 128 + f * FOLD_ROWS
@@ -421,6 +533,46 @@ def validate_gemm_inputs(x, qweight, scales, zeros, perm, in_features: int, grou
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}: all tensors must be on one device")
 
 
+_COUNTER_SLOT = 16384  # split-K tiles per stream (N / BLOCK_N * M / BLOCK_M; 57344 / 64 * 4 = 3584)
+_COUNTER_SLOTS = 16  # streams per device with their own slot (1 MiB of int32 in all)
+_counter_pools: dict = {}  # device -> zeroed int32 [_COUNTER_SLOTS * _COUNTER_SLOT]
+_counter_slot_of: dict = {}  # (device, stream) -> slot
+
+
+def _split_k_counters(device: torch.device, count: int) -> torch.Tensor:
+    """Zeroed int32 arrival counters for `count` split-K tiles, without a memset per call.
+
+    The kernel's last arriving split resets its tile's counter, so a counter buffer is zero again
+    after every launch and can be reused. Each (device, stream) gets its own slot of one pool
+    (GEMMs on one stream run in order, so they never share a counter in flight; GEMMs on two
+    streams never share a slot). The pool is zeroed when it is made, eagerly: under CUDA-graph
+    capture before any eager call, with more streams than slots, or with more tiles than a slot,
+    a fresh zeroed buffer is made for the call instead (a memset, which a graph then replays).
+    """
+    fresh = lambda: torch.zeros(count, device=device, dtype=torch.int32)  # noqa: E731
+    if count > _COUNTER_SLOT:
+        return fresh()
+    cuda = device.type == "cuda"
+    pool = _counter_pools.get(device)
+    if pool is None:
+        if cuda and torch.cuda.is_current_stream_capturing():
+            return fresh()
+        pool = _counter_pools[device] = torch.zeros(_COUNTER_SLOTS * _COUNTER_SLOT, device=device, dtype=torch.int32)
+    key = (device, torch.cuda.current_stream(device).cuda_stream if cuda else 0)
+    slot = _counter_slot_of.get(key)
+    if slot is None:
+        slot = sum(1 for d, _ in _counter_slot_of if d == device)
+        if slot >= _COUNTER_SLOTS:
+            return fresh()
+        _counter_slot_of[key] = slot
+    return pool[slot * _COUNTER_SLOT: slot * _COUNTER_SLOT + count]
+
+
+def _use_asm(t: torch.Tensor) -> bool:
+    """PTX inline assembly only on NVIDIA GPUs (not on AMD, not in Triton's CPU interpreter)."""
+    return t.device.type == "cuda" and torch.version.hip is None
+
+
 def _fold_subs(group_size: int, in_features: int) -> int:
     """16-row slices per scale fold: one fold per group, at most one per 128-row block."""
     if group_size == in_features or group_size >= K_BLOCK:
@@ -439,24 +591,23 @@ def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, p
         if split_k * m * n >= 2**31:
             raise ValueError(f"split-K workspace too large for int32 offsets: SPLIT_K={split_k}, M={m}, N={n}")
         part = torch.empty((split_k, m, n), device=x2.device, dtype=torch.float32)
-        lock = torch.zeros(grid[0] * grid[1], device=x2.device, dtype=torch.int32)
+        lock = _split_k_counters(x2.device, grid[0] * grid[1])
     else:
         part = lock = y  # unused
     symmetric = zeros is None
-    common = (
-        x2, qweight, scales, scales if symmetric else zeros, y, part, lock,
-        m, n, k, k // group_size, group_size, x2.stride(0), y.stride(0),
-    )
+    tensors = (x2, qweight, scales, scales if symmetric else zeros, y, part, lock)
     meta = dict(
         FOLD_SUBS=_fold_subs(group_size, in_features), SYMMETRIC=symmetric,
         BLOCK_N=block_n, BLOCK_M=block_m, SPLIT_K=split_k, IS_SPLIT=split_k > 1, EVEN_K=k % K_BLOCK == 0,
         num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
     )
     if plan.path == "gemv":
-        _w4a16_gemv_kernel[grid](*common, **meta)
+        _w4a16_gemv_kernel[grid](*tensors, m, n, k, k // group_size, group_size, x2.stride(0), y.stride(0), **meta)
     else:
         _w4a16_tc_kernel[grid](
-            *common, MAGIC_BITS=_MAGIC_BITS[x2.dtype], MAGIC_VALUE=_MAGIC_VALUE[x2.dtype],
+            *tensors, m, n, k, k // group_size, x2.stride(0), y.stride(0),
+            GROUP_SIZE=group_size, SCALE_IN_OPERAND=cfg.get("SCALE_IN_OPERAND", False),
+            MAGIC_PAIR=_MAGIC_PAIR[x2.dtype], MAGIC_VALUE=_MAGIC_VALUE[x2.dtype], USE_ASM=_use_asm(x2),
             # Triton's CPU interpreter multiplies bf16 dot operands as raw bits: give it fp32 (exact
             # for C + q and for bf16 activations); the GPU always runs the bf16 MMA.
             DOT_DTYPE=tl.float32 if (x2.device.type == "cpu" and x2.dtype == torch.bfloat16) else _TL_DTYPE[x2.dtype],
@@ -473,7 +624,7 @@ def dequantize_native(qweight, scales, zeros, in_features: int, group_size: int,
     _dequantize_kernel[grid](
         qweight, scales, scales if zeros is None else zeros, w, n, in_features, in_features // group_size, group_size,
         FOLD_SUBS=_fold_subs(group_size, in_features), SYMMETRIC=zeros is None,
-        MAGIC_BITS=_MAGIC_BITS[dtype], MAGIC_VALUE=_MAGIC_VALUE[dtype], BLOCK_N=block_n,
+        MAGIC_PAIR=_MAGIC_PAIR[dtype], MAGIC_VALUE=_MAGIC_VALUE[dtype], USE_ASM=_use_asm(qweight), BLOCK_N=block_n,
     )
     return w
 
@@ -486,14 +637,15 @@ def _reference_matmul(x2, qweight, scales, zeros, in_features, group_size) -> to
 
 def w4a16_matmul(
     x, qweight, scales, zeros, perm, in_features: int, group_size: int, path: str = "auto", strict: bool = False,
-    out: torch.Tensor | None = None,
+    out: torch.Tensor | None = None, config: dict | None = None,
 ) -> torch.Tensor:
     """y[..., N] = x[..., K] @ W for a kernel-native weight: validate, plan by shape, launch.
 
     `path="auto"` takes the dispatcher's plan (plain torch on CPU tensors); a named path
     ("gemv", "splitk", "tiled", "dense", "reference") forces that kernel, which is how tests run the
     Triton kernels on CPU tensors under TRITON_INTERPRET=1. `out` ([M, N] contiguous, x's dtype)
-    receives the result when given (tests poison it to catch unwritten elements).
+    receives the result when given (tests poison it to catch unwritten elements). `config`
+    overrides a forced path's launch configuration (see dispatch.CONFIG_KEYS).
     """
     validate_gemm_inputs(x, qweight, scales, zeros, perm, in_features, group_size)
     lead = x.shape[:-1]
@@ -506,7 +658,8 @@ def w4a16_matmul(
     n = qweight.shape[0]
     if m == 0:
         return x.new_empty((*lead, n))
-    plan = plan_gemm(m, n, in_features, group_size, x2.dtype, x2.device, path=path, symmetric=zeros is None, strict=strict)
+    plan = plan_gemm(m, n, in_features, group_size, x2.dtype, x2.device, path=path, symmetric=zeros is None, strict=strict,
+                     config=config)
     if out is not None and (tuple(out.shape) != (m, n) or out.dtype != x2.dtype or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous {x2.dtype} tensor of shape [M, N] = {(m, n)}, got {out.dtype} {tuple(out.shape)}")
     if plan.path == "reference":

@@ -1,0 +1,60 @@
+"""Where the eager (no CUDA graph) time of one M = 1 call goes: host wall time per call of each layer
+of the call stack, on 6144 x 4096 (run on the GPU).
+
+    python benchmarks/eager_overhead.py [--out results.json]
+
+Each line times a loop of calls with one synchronisation at the end (timing.eager_wall_us), so a
+line is max(host time, GPU time) per call; the differences between lines locate the host cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import timing  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default="")
+    ap.add_argument("--n", type=int, default=6144)
+    ap.add_argument("--k", type=int, default=4096)
+    args = ap.parse_args()
+    kernel = timing.load_kernel()
+    n, k, g = args.n, args.k, 128
+    weight = timing.random_w4_weights(kernel, n, k, g, 1)[0]
+    x = torch.randn(1, k, device="cuda", dtype=torch.float16)
+    w16 = torch.randn(n, k, device="cuda", dtype=torch.float16)
+    gemm = kernel.gemm
+    plan = kernel.plan_for(weight, 1)
+    x2 = x.reshape(-1, k)
+    args_op = (x, weight.qweight, weight.scales, weight.zeros, weight.perm, k, g)
+    calls = {
+        "fp16 F.linear": lambda: F.linear(x, w16),
+        "w4a16_linear (eager API)": lambda: kernel.w4a16_linear(x, weight),
+        "ops.gemm (custom op dispatch)": lambda: kernel.ops.gemm(*args_op, "auto", False),
+        "w4a16_matmul (validate + plan + launch)": lambda: gemm.w4a16_matmul(*args_op),
+        "_launch_matmul_kernel (launch only)": lambda: gemm._launch_matmul_kernel(x2, weight.qweight, weight.scales, weight.zeros, k, g, plan),
+        "validate_gemm_inputs": lambda: gemm.validate_gemm_inputs(*args_op),
+        "plan_gemm": lambda: kernel.plan_gemm(1, n, k, g, x.dtype, x.device),
+        "torch.empty([1, N])": lambda: torch.empty((1, n), device="cuda", dtype=torch.float16),
+    }
+    rows = []
+    print(f"eager wall time per call, M=1, {n}x{k}, plan: {plan}")
+    for name, fn in calls.items():
+        us = timing.eager_wall_us(fn, iters=500)
+        rows.append({"call": name, "us": round(us, 2)})
+        print(f"  {name:42s} {us:8.2f} us")
+    if args.out:
+        Path(args.out).write_text(json.dumps({**timing.machine_info(), "N": n, "K": k, "plan": str(plan), "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
