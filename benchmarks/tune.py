@@ -28,7 +28,8 @@ def candidates(m: int, n: int, k: int, sm_count: int):
     k_blocks = -(-k // 128)
 
     def splits(tiles, most=16):
-        return [s for s in (1, 2, 4, 8, 16) if s <= most and (s == 1 or (tiles * s <= 4 * sm_count and k_blocks // s >= 2))]
+        # 3, 6 and 12 too: the right split fills whole waves of CTAs (no half-empty last wave)
+        return [s for s in (1, 2, 3, 4, 6, 8, 12, 16) if s <= most and (s == 1 or (tiles * s <= 4 * sm_count and k_blocks // s >= 2))]
 
     def cfg(bn, bm, w, st, split, operand=False):
         return {"BLOCK_N": bn, "BLOCK_M": bm, "SPLIT_K": split, "num_warps": w, "num_stages": st, "SCALE_IN_OPERAND": operand}

@@ -270,9 +270,11 @@ def test_split_k_counters_are_reused_clean(w4a16, device):
         x = torch.randn(m, 512).to(device=device, dtype=torch.float16)
         err = run_and_check(w4a16, weight, ref, x, "splitk:operand")
         assert err < TOL[torch.float16]
-        counters = gemm._split_k_counters(torch.device(device), 64)
-        assert counters.numel() == 64 and int(counters.abs().sum()) == 0
-    assert gemm._split_k_counters(torch.device(device), gemm._COUNTER_SLOT + 1).numel() == gemm._COUNTER_SLOT + 1
+        dev = torch.device(device)
+        work, counters = gemm._split_k_scratch(dev, gemm._current_stream(dev), 64, 100)
+        assert work.numel() >= 100 and counters.numel() >= 64 and int(counters.abs().sum()) == 0
+    _, fresh = gemm._split_k_scratch(dev, gemm._current_stream(dev), gemm._COUNTER_SLOT + 1, 1)
+    assert fresh.numel() == gemm._COUNTER_SLOT + 1 and int(fresh.abs().sum()) == 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

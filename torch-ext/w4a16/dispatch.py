@@ -97,7 +97,8 @@ def _heuristic(m: int, n: int, k: int, sm_count: int) -> Plan:
     split = _split_for(tiles, k_blocks, sm_count)
     if split > 1:
         path = "splitk"
-    cfg = {"BLOCK_N": block_n, "BLOCK_M": block_m, "SPLIT_K": split, "num_warps": 4, "num_stages": 3, "SCALE_IN_OPERAND": True}
+    # On the H200 the fold wins at M <= 32 and scale-in-operand above (benchmarks/NOTES.md, v4).
+    cfg = {"BLOCK_N": block_n, "BLOCK_M": block_m, "SPLIT_K": split, "num_warps": 4, "num_stages": 3, "SCALE_IN_OPERAND": m > 32}
     return Plan(path, cfg, "heuristic")
 
 

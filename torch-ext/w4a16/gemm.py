@@ -106,14 +106,18 @@ def _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask
 
 
 @triton.jit
-def _load_x_rows(ptrs, offs_k, K, m_mask, EVEN_K: tl.constexpr, CACHE: tl.constexpr, valid):
-    """x^T rows offs_k as a [rows, BLOCK_M] tile (zeros where not `valid`). Without a K mask
-    (EVEN_K) the load is vectorised along K, so the software pipeliner can stream it with
-    asynchronous copies."""
+def _load_x_rows(x_rows, perm_ptr, offs_k, K, m_mask, EVEN_K: tl.constexpr, CACHE: tl.constexpr, valid, PERMUTED: tl.constexpr):
+    """x^T rows offs_k as a [rows, BLOCK_M] tile (zeros where not `valid`); x_rows = the [1, BLOCK_M]
+    row pointers of x. Without a K mask (EVEN_K) the load is vectorised along K, so the software
+    pipeliner can stream it with asynchronous copies. PERMUTED (act-order): row k of the tile is
+    column perm[k] of x, a gather fused here instead of a separate permutation of x."""
     mask = m_mask[None, :] & ((offs_k[:, None] * 0 + valid) != 0)
     if not EVEN_K:
         mask = mask & (offs_k[:, None] < K)
-    return tl.load(ptrs, mask=mask, other=0.0, cache_modifier=CACHE)
+    if PERMUTED:
+        cols = tl.load(perm_ptr + offs_k, mask=offs_k < K, other=0)
+        return tl.load(x_rows + cols[:, None], mask=mask, other=0.0, cache_modifier=CACHE)
+    return tl.load(x_rows + offs_k[:, None], mask=mask, other=0.0, cache_modifier=CACHE)
 
 
 @triton.jit
@@ -238,8 +242,9 @@ def _concat_slices(slices, START: tl.constexpr, COUNT: tl.constexpr):
 
 
 @triton.jit
-def _load_fold_inputs(x_ptrs, s_ptr, z_ptr, block, block_end, K, N, num_groups, GROUP_SIZE: tl.constexpr, offs_n, n_mask, m_mask, offs_fold,
-                      FOLD_SUBS: tl.constexpr, MAGIC_VALUE: tl.constexpr, SYMMETRIC: tl.constexpr, EVEN_K: tl.constexpr):
+def _load_fold_inputs(x_rows, perm_ptr, s_ptr, z_ptr, block, block_end, K, N, num_groups, GROUP_SIZE: tl.constexpr, offs_n, n_mask,
+                      m_mask, offs_fold, FOLD_SUBS: tl.constexpr, MAGIC_VALUE: tl.constexpr, SYMMETRIC: tl.constexpr,
+                      EVEN_K: tl.constexpr, PERMUTED: tl.constexpr):
     """For each scale fold of `block`: the x^T tile (for its column sums), s and z + MAGIC_VALUE.
 
     Tuples of 8 / FOLD_SUBS entries. Past the split's last block everything is masked off. The x^T
@@ -253,7 +258,7 @@ def _load_fold_inputs(x_ptrs, s_ptr, z_ptr, block, block_end, K, N, num_groups, 
     zeros = ()
     for f in tl.static_range(8 // FOLD_SUBS):
         k0 = block * 128 + f * FOLD_ROWS
-        x_tiles = x_tiles + (_load_x_rows(x_ptrs + k0, k0 + offs_fold, K, m_mask, EVEN_K, ".ca", block < block_end),)
+        x_tiles = x_tiles + (_load_x_rows(x_rows, perm_ptr, k0 + offs_fold, K, m_mask, EVEN_K, ".ca", block < block_end, PERMUTED),)
         s, zz = _load_group_params(s_ptr, z_ptr, k0 // GROUP_SIZE, num_groups, offs_n, n_mask & in_range, N, MAGIC_VALUE, SYMMETRIC)
         scales = scales + (s,)
         zeros = zeros + (zz,)
@@ -316,9 +321,9 @@ def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_m
 
 @triton.jit
 def _w4a16_tc_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr,
+    x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, y_ptr, part_ptr, lock_ptr,
     M, N, K, num_groups, stride_xm, stride_ym,
-    GROUP_SIZE: tl.constexpr,
+    GROUP_SIZE: tl.constexpr, PERMUTED: tl.constexpr,
     FOLD_SUBS: tl.constexpr,  # 16-row slices per scale fold: min(G, 128) / 16 (8 for per-channel)
     SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
@@ -357,7 +362,7 @@ def _w4a16_tc_kernel(
     offs_xk = tl.arange(0, X_ROWS)
 
     w_ptrs = qw_ptr + offs_n[:, None].to(tl.int64) * words_per_row + offs_w[None, :]
-    x_ptrs = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + offs_xk[:, None]  # x^T [X_ROWS, BLOCK_M]
+    x_rows = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm  # x^T tiles are x_rows + k[:, None]
     xt_dtype = x_ptr.dtype.element_ty
 
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -369,8 +374,8 @@ def _w4a16_tc_kernel(
         side = _load_operand_params(s_ptr, z_ptr, block_start, block_end, num_groups, offs_n, n_mask, N,
                                     GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM)
     else:
-        side = _load_fold_inputs(x_ptrs, s_ptr, z_ptr, block_start, block_end, K, N, num_groups, GROUP_SIZE, offs_n, n_mask,
-                                 m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K)
+        side = _load_fold_inputs(x_rows, perm_ptr, s_ptr, z_ptr, block_start, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
+                                 n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, PERMUTED)
     for block in range(block_start, block_end):
         # uint32 so that shifts are logical (no sign extension to mask away)
         words = tl.load(w_ptrs + block * 16, mask=n_mask[:, None], other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
@@ -380,17 +385,17 @@ def _w4a16_tc_kernel(
                                         GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM)
             weights = _unpack_slices(words, params, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, True, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
             k0 = block * 128
-            xt = _load_x_rows(x_ptrs + k0, k0 + offs_xk, K, m_mask, EVEN_K, "", True)
+            xt = _load_x_rows(x_rows, perm_ptr, k0 + offs_xk, K, m_mask, EVEN_K, "", True, PERMUTED)
             acc = tl.dot(_concat_slices(weights, 0, 8), xt.to(DOT_DTYPE), acc, out_dtype=tl.float32)
         else:
             x_again, scales, shifted_zeros = side
-            side = _load_fold_inputs(x_ptrs, s_ptr, z_ptr, block + 1, block_end, K, N, num_groups, GROUP_SIZE, offs_n, n_mask,
-                                     m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K)
+            side = _load_fold_inputs(x_rows, perm_ptr, s_ptr, z_ptr, block + 1, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
+                                     n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, PERMUTED)
             slices = _unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
             for f in tl.static_range(8 // FOLD_SUBS):
                 k0 = block * 128 + f * FOLD_ROWS
                 a = _concat_slices(slices, f * FOLD_SUBS, FOLD_SUBS)  # [BLOCK_N, FOLD_ROWS]
-                xt = _load_x_rows(x_ptrs + k0, k0 + offs_xk, K, m_mask, EVEN_K, "", True)
+                xt = _load_x_rows(x_rows, perm_ptr, k0 + offs_xk, K, m_mask, EVEN_K, "", True, PERMUTED)
                 part = tl.dot(a, xt.to(DOT_DTYPE), out_dtype=tl.float32)
                 xsum = tl.sum(x_again[f].to(tl.float32), axis=0)
                 s = scales[f]
@@ -534,38 +539,79 @@ def validate_gemm_inputs(x, qweight, scales, zeros, perm, in_features: int, grou
 
 
 _COUNTER_SLOT = 16384  # split-K tiles per stream (N / BLOCK_N * M / BLOCK_M; 57344 / 64 * 4 = 3584)
-_COUNTER_SLOTS = 16  # streams per device with their own slot (1 MiB of int32 in all)
+_COUNTER_SLOTS = 16  # streams per device with their own counter slot (1 MiB of int32 in all)
 _counter_pools: dict = {}  # device -> zeroed int32 [_COUNTER_SLOTS * _COUNTER_SLOT]
-_counter_slot_of: dict = {}  # (device, stream) -> slot
+_scratch: dict = {}  # (device, stream) -> [counter slot (or None), fp32 workspace]
 
 
-def _split_k_counters(device: torch.device, count: int) -> torch.Tensor:
-    """Zeroed int32 arrival counters for `count` split-K tiles, without a memset per call.
+def _split_k_scratch(device: torch.device, stream: int, tiles: int, partials: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 workspace of >= `partials` elements, zeroed int32 arrival counters for `tiles` tiles).
 
-    The kernel's last arriving split resets its tile's counter, so a counter buffer is zero again
-    after every launch and can be reused. Each (device, stream) gets its own slot of one pool
-    (GEMMs on one stream run in order, so they never share a counter in flight; GEMMs on two
-    streams never share a slot). The pool is zeroed when it is made, eagerly: under CUDA-graph
-    capture before any eager call, with more streams than slots, or with more tiles than a slot,
-    a fresh zeroed buffer is made for the call instead (a memset, which a graph then replays).
+    Both are kept per (device, stream) and reused, so a split-K call allocates nothing. GEMMs on one
+    stream run in order and never share them in flight; two streams never share them. The kernel's
+    last arriving split resets its tile's counter, so the counters are zero again after every launch.
+    Counter slots come from one pool per device, zeroed when it is made, eagerly: under CUDA-graph
+    capture before any eager call on the device, with more streams than slots, or with more tiles than
+    a slot holds, the call gets freshly zeroed counters instead (a memset, which a graph replays).
     """
-    fresh = lambda: torch.zeros(count, device=device, dtype=torch.int32)  # noqa: E731
-    if count > _COUNTER_SLOT:
-        return fresh()
-    cuda = device.type == "cuda"
-    pool = _counter_pools.get(device)
-    if pool is None:
-        if cuda and torch.cuda.is_current_stream_capturing():
-            return fresh()
-        pool = _counter_pools[device] = torch.zeros(_COUNTER_SLOTS * _COUNTER_SLOT, device=device, dtype=torch.int32)
-    key = (device, torch.cuda.current_stream(device).cuda_stream if cuda else 0)
-    slot = _counter_slot_of.get(key)
-    if slot is None:
-        slot = sum(1 for d, _ in _counter_slot_of if d == device)
-        if slot >= _COUNTER_SLOTS:
-            return fresh()
-        _counter_slot_of[key] = slot
-    return pool[slot * _COUNTER_SLOT: slot * _COUNTER_SLOT + count]
+    entry = _scratch.get((device, stream))
+    if entry is None:
+        pool = _counter_pools.get(device)
+        if pool is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            pool = _counter_pools[device] = torch.zeros(_COUNTER_SLOTS * _COUNTER_SLOT, device=device, dtype=torch.int32)
+        used = sum(1 for (d, _), e in _scratch.items() if d == device and e[0] is not None)
+        slot = pool[used * _COUNTER_SLOT: (used + 1) * _COUNTER_SLOT] if (pool is not None and used < _COUNTER_SLOTS) else None
+        entry = _scratch[(device, stream)] = [slot, torch.empty(0, device=device, dtype=torch.float32)]
+    slot, work = entry
+    if work.numel() < partials:
+        work = entry[1] = torch.empty(max(partials, 1 << 20), device=device, dtype=torch.float32)
+    if slot is None or tiles > _COUNTER_SLOT:
+        return work, torch.zeros(tiles, device=device, dtype=torch.int32)
+    return work, slot
+
+
+def _current_stream(device: torch.device) -> int:
+    return triton.runtime.driver.active.get_current_stream(device.index) if device.type == "cuda" else 0
+
+
+# The repeat-launch fast path below mirrors what `JITFunction.run` does after its cache look-up in
+# these Triton versions (the dispatch around it costs tens of microseconds per call on a slow host).
+_FAST_LAUNCH_TRITON = ("3.6.",)
+_fast_launch = triton.__version__.startswith(_FAST_LAUNCH_TRITON)
+_compiled: dict = {}
+
+
+def _int_specialization(value: int) -> tuple:
+    """What Triton specialises a run-time int on: its width, == 1, divisibility by 16."""
+    return -(2**31) <= value < 2**31, value == 1, value % 16 == 0
+
+
+def _launch(kernel, grid: tuple, tensors: dict, ints: dict, constexprs: dict, options: dict) -> None:
+    """kernel[grid](**tensors, **ints, **constexprs, **options), skipping Triton's per-call dispatch
+    on repeat launches.
+
+    The first launch of each specialisation (constexpr values, options, tensor dtypes and 16-byte
+    alignment, int width / == 1 / divisibility by 16) goes through Triton, compiling if needed, and
+    keeps the compiled kernel; later ones call its launcher directly with the arguments, stream and
+    hooks Triton would pass. Off NVIDIA GPUs, under the interpreter, or on other Triton versions:
+    Triton's own path every time.
+    """
+    device = next(iter(tensors.values())).device
+    if not (_fast_launch and device.type == "cuda"):
+        kernel[grid](**tensors, **ints, **constexprs, **options)
+        return
+    key = (kernel, device, *options.values(), *constexprs.values(),
+           *((t.dtype, t.data_ptr() % 16 == 0) for t in tensors.values()), *(_int_specialization(v) for v in ints.values()))
+    compiled = _compiled.get(key)
+    if compiled is None:
+        _compiled[key] = kernel[grid](**tensors, **ints, **constexprs, **options)
+        return
+    params = {**tensors, **ints, **constexprs}
+    args = [params[name] for name in kernel.arg_names]
+    stream = _current_stream(device)
+    knobs = triton.knobs.runtime
+    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata,
+                 compiled.launch_metadata(grid, stream, *args), knobs.launch_enter_hook, knobs.launch_exit_hook, *args)
 
 
 def _use_asm(t: torch.Tensor) -> bool:
@@ -580,39 +626,42 @@ def _fold_subs(group_size: int, in_features: int) -> int:
     return group_size // 16
 
 
-def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out=None) -> torch.Tensor:
+def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out=None, perm=None) -> torch.Tensor:
+    """Launch the GEMV or tensor-core kernel of `plan` (x2 [M, K] already permuted for GEMV; the
+    tensor-core kernel takes the act-order `perm` and gathers x's columns itself)."""
     m, k = x2.shape
     n = qweight.shape[0]
     cfg = plan.config
-    y = torch.empty((m, n), device=x2.device, dtype=x2.dtype) if out is None else out
+    device = x2.device
+    y = torch.empty((m, n), device=device, dtype=x2.dtype) if out is None else out
     block_n, block_m, split_k = cfg["BLOCK_N"], cfg["BLOCK_M"], cfg["SPLIT_K"]
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split_k)
     if split_k > 1:
         if split_k * m * n >= 2**31:
             raise ValueError(f"split-K workspace too large for int32 offsets: SPLIT_K={split_k}, M={m}, N={n}")
-        part = torch.empty((split_k, m, n), device=x2.device, dtype=torch.float32)
-        lock = _split_k_counters(x2.device, grid[0] * grid[1])
+        part, lock = _split_k_scratch(device, _current_stream(device), grid[0] * grid[1], split_k * m * n)
     else:
         part = lock = y  # unused
     symmetric = zeros is None
-    tensors = (x2, qweight, scales, scales if symmetric else zeros, y, part, lock)
-    meta = dict(
+    tensors = dict(x_ptr=x2, qw_ptr=qweight, s_ptr=scales, z_ptr=scales if symmetric else zeros, y_ptr=y, part_ptr=part, lock_ptr=lock)
+    if plan.path != "gemv":  # the tensor-core kernel gathers act-order columns of x itself
+        tensors = dict(tensors, perm_ptr=qweight if perm is None else perm)
+    ints = dict(M=m, N=n, K=k, num_groups=k // group_size, stride_xm=x2.stride(0), stride_ym=y.stride(0), SPLIT_K=split_k)
+    constexprs = dict(
         FOLD_SUBS=_fold_subs(group_size, in_features), SYMMETRIC=symmetric,
-        BLOCK_N=block_n, BLOCK_M=block_m, SPLIT_K=split_k, IS_SPLIT=split_k > 1, EVEN_K=k % K_BLOCK == 0,
-        num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
+        BLOCK_N=block_n, BLOCK_M=block_m, IS_SPLIT=split_k > 1, EVEN_K=k % K_BLOCK == 0,
     )
+    options = dict(num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))
     if plan.path == "gemv":
-        _w4a16_gemv_kernel[grid](*tensors, m, n, k, k // group_size, group_size, x2.stride(0), y.stride(0), **meta)
+        _launch(_w4a16_gemv_kernel, grid, tensors, dict(ints, group_size=group_size), constexprs, options)
     else:
-        _w4a16_tc_kernel[grid](
-            *tensors, m, n, k, k // group_size, x2.stride(0), y.stride(0),
-            GROUP_SIZE=group_size, SCALE_IN_OPERAND=cfg.get("SCALE_IN_OPERAND", False),
+        _launch(_w4a16_tc_kernel, grid, tensors, ints, dict(
+            constexprs, GROUP_SIZE=group_size, PERMUTED=perm is not None, SCALE_IN_OPERAND=cfg.get("SCALE_IN_OPERAND", False),
             MAGIC_PAIR=_MAGIC_PAIR[x2.dtype], MAGIC_VALUE=_MAGIC_VALUE[x2.dtype], USE_ASM=_use_asm(x2),
             # Triton's CPU interpreter multiplies bf16 dot operands as raw bits: give it fp32 (exact
             # for C + q and for bf16 activations); the GPU always runs the bf16 MMA.
-            DOT_DTYPE=tl.float32 if (x2.device.type == "cpu" and x2.dtype == torch.bfloat16) else _TL_DTYPE[x2.dtype],
-            **meta,
-        )
+            DOT_DTYPE=tl.float32 if (device.type == "cpu" and x2.dtype == torch.bfloat16) else _TL_DTYPE[x2.dtype],
+        ), options)
     return y
 
 
@@ -650,8 +699,6 @@ def w4a16_matmul(
     validate_gemm_inputs(x, qweight, scales, zeros, perm, in_features, group_size)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, in_features)
-    if perm is not None:
-        x2 = x2.index_select(1, perm)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
@@ -662,13 +709,16 @@ def w4a16_matmul(
                      config=config)
     if out is not None and (tuple(out.shape) != (m, n) or out.dtype != x2.dtype or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous {x2.dtype} tensor of shape [M, N] = {(m, n)}, got {out.dtype} {tuple(out.shape)}")
+    if perm is not None and plan.path not in ("splitk", "tiled"):  # the tensor-core kernel gathers itself
+        x2 = x2.index_select(1, perm)
     if plan.path == "reference":
         y = _reference_matmul(x2, qweight, scales, zeros, in_features, group_size)
     elif plan.path == "dense":
         w = dequantize_native(qweight, scales, zeros, in_features, group_size, x2.dtype)
         y = torch.nn.functional.linear(x2, w)
     else:
-        y = _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, plan, out)
+        y = _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, plan, out,
+                                  perm if plan.path in ("splitk", "tiled") else None)
     if out is not None and y is not out:
         out.copy_(y)
         y = out
