@@ -31,8 +31,9 @@ def candidates(m: int, n: int, k: int, sm_count: int):
         # 3, 6 and 12 too: the right split fills whole waves of CTAs (no half-empty last wave)
         return [s for s in (1, 2, 3, 4, 6, 8, 12, 16) if s <= most and (s == 1 or (tiles * s <= 4 * sm_count and k_blocks // s >= 2))]
 
-    def cfg(bn, bm, w, st, split, operand=False):
-        return {"BLOCK_N": bn, "BLOCK_M": bm, "SPLIT_K": split, "num_warps": w, "num_stages": st, "SCALE_IN_OPERAND": operand}
+    def cfg(bn, bm, w, st, split, operand=False, maxnreg=None):
+        c = {"BLOCK_N": bn, "BLOCK_M": bm, "SPLIT_K": split, "num_warps": w, "num_stages": st, "SCALE_IN_OPERAND": operand}
+        return {**c, "maxnreg": maxnreg} if maxnreg else c
 
     if m <= 2:
         bm = 1 << (m - 1).bit_length()
@@ -43,11 +44,15 @@ def candidates(m: int, n: int, k: int, sm_count: int):
         bm = 16 if m <= 16 else (32 if m <= 32 else 64)
         # Scale in the operand wants 128 weight rows per warpgroup (else the operand is re-laid out
         # through shared memory): BLOCK_N = 128 with 4 warps, 256 with 8 (or 64 on mma.sync, 2 warps).
-        for bn, w, st, operand in ((64, 4, 4, False), (128, 4, 4, False), (128, 8, 4, False), (256, 8, 3, False),
-                                   (128, 4, 4, True), (128, 4, 3, True), (256, 8, 4, True), (64, 2, 4, True)):
+        # maxnreg=128: the fold at BLOCK_N = 128 / 256 fits in 128 registers without spilling (sm_90,
+        # Triton 3.6), one more CTA per SM than uncapped.
+        for bn, w, st, operand, maxnreg in ((64, 4, 4, False, None), (128, 4, 4, False, None), (128, 8, 4, False, None),
+                                            (256, 8, 3, False, None), (128, 4, 4, False, 128), (256, 8, 3, False, 128),
+                                            (256, 8, 4, False, 128), (128, 4, 4, True, None), (128, 4, 3, True, None),
+                                            (256, 8, 4, True, None), (64, 2, 4, True, None)):
             tiles = -(-n // bn) * -(-m // bm)
             for split in splits(tiles):
-                yield ("splitk" if split > 1 else "tiled"), cfg(bn, bm, w, st, split, operand)
+                yield ("splitk" if split > 1 else "tiled"), cfg(bn, bm, w, st, split, operand, maxnreg)
     if m >= 64:
         for bn, bm, w, st, operand in ((128, 64, 4, 3, False), (128, 128, 8, 3, False), (256, 64, 8, 3, False),
                                        (256, 128, 8, 3, False), (128, 64, 4, 4, True), (128, 128, 8, 3, True),

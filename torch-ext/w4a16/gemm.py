@@ -600,7 +600,7 @@ def _launch(kernel, grid: tuple, tensors: dict, ints: dict, constexprs: dict, op
     if not (_fast_launch and device.type == "cuda"):
         kernel[grid](**tensors, **ints, **constexprs, **options)
         return
-    key = (kernel, device, *options.values(), *constexprs.values(),
+    key = (kernel, device, *options.items(), *constexprs.values(),
            *((t.dtype, t.data_ptr() % 16 == 0) for t in tensors.values()), *(_int_specialization(v) for v in ints.values()))
     compiled = _compiled.get(key)
     if compiled is None:
@@ -652,6 +652,8 @@ def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, p
         BLOCK_N=block_n, BLOCK_M=block_m, IS_SPLIT=split_k > 1, EVEN_K=k % K_BLOCK == 0,
     )
     options = dict(num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))
+    if cfg.get("maxnreg"):  # a register cap buys occupancy (more CTAs per SM) where it does not spill
+        options["maxnreg"] = cfg["maxnreg"]
     if plan.path == "gemv":
         _launch(_w4a16_gemv_kernel, grid, tensors, dict(ints, group_size=group_size), constexprs, options)
     else:
