@@ -149,23 +149,29 @@ def main() -> None:
     variants = args.variants.split(",")
     wanted = set(filter(None, args.shapes.split(",")))
     rows: list = []
-    old_rows = json.loads(Path(args.out).read_text())["rows"] if (args.merge and args.out and Path(args.out).exists()) else []
+    old = json.loads(Path(args.out).read_text()) if (args.merge and args.out and Path(args.out).exists()) else {"rows": []}
+    old_rows, old_commit = old["rows"], old.get("commit", "unknown")
     for shape in shapes_data["shapes"]:
         if not wanted or shape["name"] in wanted:
             bench_shape(kernel, shape, ms, variants, rows)
             if args.out:  # after every shape, so a run cut short keeps what it measured
-                write_results(Path(args.out), rows, old_rows)
+                write_results(Path(args.out), rows, old_rows, old_commit)
     print_table(rows)
     summary(rows)
 
 
-def write_results(out: Path, rows: list, old_rows: list) -> None:
+def write_results(out: Path, rows: list, old_rows: list, old_commit: str = "unknown") -> None:
+    """Merge `rows` into the results file; every row carries the commit it was measured at."""
     key = lambda r: (r["shape"], r["M"], r["impl"], r.get("dtype"), r.get("group_size"), r.get("symmetric"), r.get("act_order"))  # noqa: E731
+    info = timing.machine_info()
+    for r in rows:
+        r.setdefault("commit", info["commit"])
     new_keys = {key(r) for r in rows}
+    kept = [dict(r, commit=r.get("commit", old_commit)) for r in old_rows if key(r) not in new_keys]
     result = {
-        **timing.machine_info(),
-        "method": "CUDA-graph replay over rotating weight copies (>3x L2), median; *_eager = host wall time per call",
-        "rows": [r for r in old_rows if key(r) not in new_keys] + rows,
+        **info,
+        "method": "CUDA-graph replay over rotating weight copies (>3x L2), median; *_eager = host wall time per call (best of 5 loops)",
+        "rows": kept + rows,
     }
     out.write_text(json.dumps(result, indent=1) + "\n")
 

@@ -106,17 +106,14 @@ def _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask
 
 
 @triton.jit
-def _load_x_rows(x_rows, perm_ptr, offs_k, K, m_mask, EVEN_K: tl.constexpr, CACHE: tl.constexpr, valid, PERMUTED: tl.constexpr):
+def _load_x_rows(x_rows, offs_k, K, m_mask, EVEN_K: tl.constexpr, CACHE: tl.constexpr, valid):
     """x^T rows offs_k as a [rows, BLOCK_M] tile (zeros where not `valid`); x_rows = the [1, BLOCK_M]
     row pointers of x. Without a K mask (EVEN_K) the load is vectorised along K, so the software
-    pipeliner can stream it with asynchronous copies. PERMUTED (act-order): row k of the tile is
-    column perm[k] of x, a gather fused here instead of a separate permutation of x."""
+    pipeliner can stream it with asynchronous copies. (A gather here, x[:, perm[k]] for act-order,
+    made these loads synchronous and the kernel 2-7x slower on the H200: act-order permutes x first.)"""
     mask = m_mask[None, :] & ((offs_k[:, None] * 0 + valid) != 0)
     if not EVEN_K:
         mask = mask & (offs_k[:, None] < K)
-    if PERMUTED:
-        cols = tl.load(perm_ptr + offs_k, mask=offs_k < K, other=0)
-        return tl.load(x_rows + cols[:, None], mask=mask, other=0.0, cache_modifier=CACHE)
     return tl.load(x_rows + offs_k[:, None], mask=mask, other=0.0, cache_modifier=CACHE)
 
 
@@ -242,9 +239,9 @@ def _concat_slices(slices, START: tl.constexpr, COUNT: tl.constexpr):
 
 
 @triton.jit
-def _load_fold_inputs(x_rows, perm_ptr, s_ptr, z_ptr, block, block_end, K, N, num_groups, GROUP_SIZE: tl.constexpr, offs_n, n_mask,
+def _load_fold_inputs(x_rows, s_ptr, z_ptr, block, block_end, K, N, num_groups, GROUP_SIZE: tl.constexpr, offs_n, n_mask,
                       m_mask, offs_fold, FOLD_SUBS: tl.constexpr, MAGIC_VALUE: tl.constexpr, SYMMETRIC: tl.constexpr,
-                      EVEN_K: tl.constexpr, PERMUTED: tl.constexpr):
+                      EVEN_K: tl.constexpr):
     """For each scale fold of `block`: the x^T tile (for its column sums), s and z + MAGIC_VALUE.
 
     Tuples of 8 / FOLD_SUBS entries. Past the split's last block everything is masked off. The x^T
@@ -258,7 +255,7 @@ def _load_fold_inputs(x_rows, perm_ptr, s_ptr, z_ptr, block, block_end, K, N, nu
     zeros = ()
     for f in tl.static_range(8 // FOLD_SUBS):
         k0 = block * 128 + f * FOLD_ROWS
-        x_tiles = x_tiles + (_load_x_rows(x_rows, perm_ptr, k0 + offs_fold, K, m_mask, EVEN_K, ".ca", block < block_end, PERMUTED),)
+        x_tiles = x_tiles + (_load_x_rows(x_rows, k0 + offs_fold, K, m_mask, EVEN_K, ".ca", block < block_end),)
         s, zz = _load_group_params(s_ptr, z_ptr, k0 // GROUP_SIZE, num_groups, offs_n, n_mask & in_range, N, MAGIC_VALUE, SYMMETRIC)
         scales = scales + (s,)
         zeros = zeros + (zz,)
@@ -321,9 +318,9 @@ def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_m
 
 @triton.jit
 def _w4a16_tc_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, y_ptr, part_ptr, lock_ptr,
+    x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr,
     M, N, K, num_groups, stride_xm, stride_ym,
-    GROUP_SIZE: tl.constexpr, PERMUTED: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
     FOLD_SUBS: tl.constexpr,  # 16-row slices per scale fold: min(G, 128) / 16 (8 for per-channel)
     SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
@@ -374,8 +371,8 @@ def _w4a16_tc_kernel(
         side = _load_operand_params(s_ptr, z_ptr, block_start, block_end, num_groups, offs_n, n_mask, N,
                                     GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM)
     else:
-        side = _load_fold_inputs(x_rows, perm_ptr, s_ptr, z_ptr, block_start, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
-                                 n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, PERMUTED)
+        side = _load_fold_inputs(x_rows, s_ptr, z_ptr, block_start, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
+                                 n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K)
     for block in range(block_start, block_end):
         # uint32 so that shifts are logical (no sign extension to mask away)
         words = tl.load(w_ptrs + block * 16, mask=n_mask[:, None], other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
@@ -385,17 +382,17 @@ def _w4a16_tc_kernel(
                                         GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM)
             weights = _unpack_slices(words, params, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, True, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
             k0 = block * 128
-            xt = _load_x_rows(x_rows, perm_ptr, k0 + offs_xk, K, m_mask, EVEN_K, "", True, PERMUTED)
+            xt = _load_x_rows(x_rows, k0 + offs_xk, K, m_mask, EVEN_K, "", True)
             acc = tl.dot(_concat_slices(weights, 0, 8), xt.to(DOT_DTYPE), acc, out_dtype=tl.float32)
         else:
             x_again, scales, shifted_zeros = side
-            side = _load_fold_inputs(x_rows, perm_ptr, s_ptr, z_ptr, block + 1, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
-                                     n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, PERMUTED)
+            side = _load_fold_inputs(x_rows, s_ptr, z_ptr, block + 1, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
+                                     n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K)
             slices = _unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
             for f in tl.static_range(8 // FOLD_SUBS):
                 k0 = block * 128 + f * FOLD_ROWS
                 a = _concat_slices(slices, f * FOLD_SUBS, FOLD_SUBS)  # [BLOCK_N, FOLD_ROWS]
-                xt = _load_x_rows(x_rows, perm_ptr, k0 + offs_xk, K, m_mask, EVEN_K, "", True, PERMUTED)
+                xt = _load_x_rows(x_rows, k0 + offs_xk, K, m_mask, EVEN_K, "", True)
                 part = tl.dot(a, xt.to(DOT_DTYPE), out_dtype=tl.float32)
                 xsum = tl.sum(x_again[f].to(tl.float32), axis=0)
                 s = scales[f]
@@ -626,9 +623,8 @@ def _fold_subs(group_size: int, in_features: int) -> int:
     return group_size // 16
 
 
-def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out=None, perm=None) -> torch.Tensor:
-    """Launch the GEMV or tensor-core kernel of `plan` (x2 [M, K] already permuted for GEMV; the
-    tensor-core kernel takes the act-order `perm` and gathers x's columns itself)."""
+def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out=None) -> torch.Tensor:
+    """Launch the GEMV or tensor-core kernel of `plan` on x2 [M, K] (already permuted for act-order)."""
     m, k = x2.shape
     n = qweight.shape[0]
     cfg = plan.config
@@ -644,8 +640,6 @@ def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, p
         part = lock = y  # unused
     symmetric = zeros is None
     tensors = dict(x_ptr=x2, qw_ptr=qweight, s_ptr=scales, z_ptr=scales if symmetric else zeros, y_ptr=y, part_ptr=part, lock_ptr=lock)
-    if plan.path != "gemv":  # the tensor-core kernel gathers act-order columns of x itself
-        tensors = dict(tensors, perm_ptr=qweight if perm is None else perm)
     ints = dict(M=m, N=n, K=k, num_groups=k // group_size, stride_xm=x2.stride(0), stride_ym=y.stride(0), SPLIT_K=split_k)
     constexprs = dict(
         FOLD_SUBS=_fold_subs(group_size, in_features), SYMMETRIC=symmetric,
@@ -658,7 +652,7 @@ def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, p
         _launch(_w4a16_gemv_kernel, grid, tensors, dict(ints, group_size=group_size), constexprs, options)
     else:
         _launch(_w4a16_tc_kernel, grid, tensors, ints, dict(
-            constexprs, GROUP_SIZE=group_size, PERMUTED=perm is not None, SCALE_IN_OPERAND=cfg.get("SCALE_IN_OPERAND", False),
+            constexprs, GROUP_SIZE=group_size, SCALE_IN_OPERAND=cfg.get("SCALE_IN_OPERAND", False),
             MAGIC_PAIR=_MAGIC_PAIR[x2.dtype], MAGIC_VALUE=_MAGIC_VALUE[x2.dtype], USE_ASM=_use_asm(x2),
             # Triton's CPU interpreter multiplies bf16 dot operands as raw bits: give it fp32 (exact
             # for C + q and for bf16 activations); the GPU always runs the bf16 MMA.
@@ -711,7 +705,7 @@ def w4a16_matmul(
                      config=config)
     if out is not None and (tuple(out.shape) != (m, n) or out.dtype != x2.dtype or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous {x2.dtype} tensor of shape [M, N] = {(m, n)}, got {out.dtype} {tuple(out.shape)}")
-    if perm is not None and plan.path not in ("splitk", "tiled"):  # the tensor-core kernel gathers itself
+    if perm is not None:  # act-order: one gather of x per call (fused into the kernel it was slower)
         x2 = x2.index_select(1, perm)
     if plan.path == "reference":
         y = _reference_matmul(x2, qweight, scales, zeros, in_features, group_size)
@@ -719,8 +713,7 @@ def w4a16_matmul(
         w = dequantize_native(qweight, scales, zeros, in_features, group_size, x2.dtype)
         y = torch.nn.functional.linear(x2, w)
     else:
-        y = _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, plan, out,
-                                  perm if plan.path in ("splitk", "tiled") else None)
+        y = _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, plan, out)
     if out is not None and y is not out:
         out.copy_(y)
         y = out
