@@ -126,12 +126,16 @@ def f16_bytes(n: int, k: int, m: int) -> int:
 def machine_info() -> dict:
     import triton
 
-    try:
-        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip())
-    except (OSError, subprocess.CalledProcessError):
-        commit, dirty = os.environ.get("W4A16_COMMIT", "unknown"), False
-    commit = os.environ.get("W4A16_COMMIT", commit)
+    if "W4A16_COMMIT" in os.environ:
+        # Set by scripts/gpu_session.sh: the device machine's copy of the tree carries a git directory
+        # whose status is not reliable there; the session marks what it changed itself (a tune step).
+        commit, dirty = os.environ["W4A16_COMMIT"], False
+    else:
+        try:
+            commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+            dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip())
+        except (OSError, subprocess.CalledProcessError):
+            commit, dirty = "unknown", False
     return {
         "gpu": torch.cuda.get_device_name(0),
         "torch": torch.__version__,

@@ -568,7 +568,10 @@ def _split_k_scratch(device: torch.device, stream: int, tiles: int, partials: in
 
 
 def _current_stream(device: torch.device) -> int:
-    return triton.runtime.driver.active.get_current_stream(device.index) if device.type == "cuda" else 0
+    """The raw current stream of `device` (0 off CUDA); a device without an index means the current one."""
+    if device.type != "cuda":
+        return 0
+    return triton.runtime.driver.active.get_current_stream(torch.cuda.current_device() if device.index is None else device.index)
 
 
 # The repeat-launch fast path below mirrors what `JITFunction.run` does after its cache look-up in
