@@ -87,21 +87,25 @@ def bench_shape(kernel, shape, ms, variants, rows, eager_m1=True):
         del w_int4
         torch.cuda.empty_cache()
 
+    # All variants' weights at once, then every M times each variant back to back: a slow drift of
+    # the GPU's clocks over the run then shows in every variant alike instead of in the later ones.
+    prepared = []
     for vname in variants:
         dtype, group_size, symmetric, act_order = VARIANTS[vname]
         fields = dict(dtype="fp16" if dtype == torch.float16 else "bf16", group_size=group_size, symmetric=symmetric, act_order=act_order)
         copies = timing.copies_needed(timing.w4_bytes(n, k, 1, group_size, symmetric))
         weights = timing.random_w4_weights(kernel, n, k, group_size, copies, symmetric, act_order, dtype)
-        err = check_w4a16(kernel, weights[0], dtype)
-        for m in ms:
+        prepared.append((vname, dtype, fields, weights, check_w4a16(kernel, weights[0], dtype)))
+    for m in ms:
+        for vname, dtype, fields, weights, err in prepared:
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             us = timing.gpu_time_us([lambda w=w: kernel.w4a16_linear(x, w) for w in weights])
             plan = str(kernel.plan_for(weights[0], m, dtype))
             rows.append(dict(base, M=m, impl="w4a16", us=us, **fields, plan=plan, rel_err=err))
             if m == 1 and eager_m1 and vname == "base":
                 rows.append(dict(base, M=m, impl="w4a16_eager", us=timing.eager_wall_us(lambda: kernel.w4a16_linear(x, weights[0])), **fields))
-        del weights
-        torch.cuda.empty_cache()
+    del prepared
+    torch.cuda.empty_cache()
 
 
 def print_table(rows, group_size=128):

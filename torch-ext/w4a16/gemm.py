@@ -305,6 +305,11 @@ def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_m
     for f in tl.static_range(8 // FOLD_SUBS):
         s, zz = _load_group_params(s_ptr, z_ptr, (block * 128 + f * FOLD_ROWS) // GROUP_SIZE, num_groups, offs_n,
                                    n_mask & in_range, N, MAGIC_VALUE, SYMMETRIC)
+        if SYMMETRIC:
+            # Derive the constant zero from the loaded scale (s * 0 is not folded away): as a bare
+            # constant it gives the asm operand a layout of its own and Triton then re-lays the whole
+            # dequantized operand out through shared memory (SASS: STS/LDS + PRMT per pair).
+            zz = s * 0.0 + zz
         s = s.to(XT_DTYPE)
         shifted_zero = zz.to(XT_DTYPE)
         residual = (-(zz - shifted_zero.to(tl.float32)) * s.to(tl.float32)).to(XT_DTYPE)
@@ -536,9 +541,9 @@ def validate_gemm_inputs(x, qweight, scales, zeros, perm, in_features: int, grou
 
 
 _COUNTER_SLOT = 16384  # split-K tiles per stream (N / BLOCK_N * M / BLOCK_M; 57344 / 64 * 4 = 3584)
-_COUNTER_SLOTS = 16  # streams per device with their own counter slot (1 MiB of int32 in all)
-_counter_pools: dict = {}  # device -> zeroed int32 [_COUNTER_SLOTS * _COUNTER_SLOT]
-_scratch: dict = {}  # (device, stream) -> [counter slot (or None), fp32 workspace]
+_SCRATCH_STREAMS = 16  # streams per device with cached scratch (counter slot + workspace)
+_counter_pools: dict = {}  # device -> zeroed int32 [_SCRATCH_STREAMS * _COUNTER_SLOT]
+_scratch: dict = {}  # (device, stream) -> [counter slot, fp32 workspace]
 
 
 def _split_k_scratch(device: torch.device, stream: int, tiles: int, partials: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -547,22 +552,26 @@ def _split_k_scratch(device: torch.device, stream: int, tiles: int, partials: in
     Both are kept per (device, stream) and reused, so a split-K call allocates nothing. GEMMs on one
     stream run in order and never share them in flight; two streams never share them. The kernel's
     last arriving split resets its tile's counter, so the counters are zero again after every launch.
-    Counter slots come from one pool per device, zeroed when it is made, eagerly: under CUDA-graph
-    capture before any eager call on the device, with more streams than slots, or with more tiles than
-    a slot holds, the call gets freshly zeroed counters instead (a memset, which a graph replays).
+    Counter slots come from one pool per device, zeroed when it is made, eagerly. The first
+    _SCRATCH_STREAMS streams of a device get cached scratch; later streams, a pool not yet made
+    (CUDA-graph capture before any eager call on the device) or more tiles than a slot holds get a
+    fresh workspace and freshly zeroed counters per call (a memset, which a graph then replays).
     """
     entry = _scratch.get((device, stream))
     if entry is None:
         pool = _counter_pools.get(device)
         if pool is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            pool = _counter_pools[device] = torch.zeros(_COUNTER_SLOTS * _COUNTER_SLOT, device=device, dtype=torch.int32)
-        used = sum(1 for (d, _), e in _scratch.items() if d == device and e[0] is not None)
-        slot = pool[used * _COUNTER_SLOT: (used + 1) * _COUNTER_SLOT] if (pool is not None and used < _COUNTER_SLOTS) else None
-        entry = _scratch[(device, stream)] = [slot, torch.empty(0, device=device, dtype=torch.float32)]
+            pool = _counter_pools[device] = torch.zeros(_SCRATCH_STREAMS * _COUNTER_SLOT, device=device, dtype=torch.int32)
+        used = sum(1 for d, _ in _scratch if d == device)
+        if pool is None or used >= _SCRATCH_STREAMS or tiles > _COUNTER_SLOT:
+            return (torch.empty(partials, device=device, dtype=torch.float32),
+                    torch.zeros(tiles, device=device, dtype=torch.int32))
+        entry = _scratch[(device, stream)] = [pool[used * _COUNTER_SLOT: (used + 1) * _COUNTER_SLOT],
+                                              torch.empty(0, device=device, dtype=torch.float32)]
     slot, work = entry
     if work.numel() < partials:
-        work = entry[1] = torch.empty(max(partials, 1 << 20), device=device, dtype=torch.float32)
-    if slot is None or tiles > _COUNTER_SLOT:
+        work = entry[1] = torch.empty(partials, device=device, dtype=torch.float32)
+    if tiles > _COUNTER_SLOT:
         return work, torch.zeros(tiles, device=device, dtype=torch.int32)
     return work, slot
 
