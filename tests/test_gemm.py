@@ -265,16 +265,16 @@ def test_split_k_counters_are_reused_clean(w4a16, device):
     if not triton_available(device):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     weight, ref = random_layer(w4a16, 512, 40, 128, False, torch.float16, device, seed=11)
-    gemm = w4a16.gemm
+    launch = w4a16.launch
+    dev = torch.device(device)
     for m in (1, 5):
         x = torch.randn(m, 512).to(device=device, dtype=torch.float16)
         err = run_and_check(w4a16, weight, ref, x, "splitk:operand")
         assert err < TOL[torch.float16]
-        dev = torch.device(device)
-        work, counters = gemm._split_k_scratch(dev, gemm._current_stream(dev), 64, 100)
+        work, counters = launch.split_k_scratch(dev, launch.current_stream(dev), 64, 100)
         assert work.numel() >= 100 and counters.numel() >= 64 and int(counters.abs().sum()) == 0
-    _, fresh = gemm._split_k_scratch(dev, gemm._current_stream(dev), gemm._COUNTER_SLOT + 1, 1)
-    assert fresh.numel() == gemm._COUNTER_SLOT + 1 and int(fresh.abs().sum()) == 0
+    _, fresh = launch.split_k_scratch(dev, launch.current_stream(dev), launch.COUNTER_SLOT + 1, 1)
+    assert fresh.numel() == launch.COUNTER_SLOT + 1 and int(fresh.abs().sum()) == 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

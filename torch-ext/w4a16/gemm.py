@@ -26,7 +26,7 @@ Kernels:
 
 Split-K reduction: each split writes its fp32 partial tile to a workspace; a per-tile arrival counter
 (atomic) elects the last split, which sums the partials in split order (deterministic) and writes y,
-then resets the counter to zero.
+then resets the counter to zero (so `launch.split_k_scratch` can hand the same counters to the next call).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import Plan, plan_gemm
+from .launch import current_stream, launch, split_k_scratch
 from .layout import K_BLOCK, unpack_int4_n_major_striped
 from .quantize import apply_group_params, validate_group_size
 
@@ -540,89 +541,6 @@ def validate_gemm_inputs(x, qweight, scales, zeros, perm, in_features: int, grou
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}: all tensors must be on one device")
 
 
-_COUNTER_SLOT = 16384  # split-K tiles per stream (N / BLOCK_N * M / BLOCK_M; 57344 / 64 * 4 = 3584)
-_SCRATCH_STREAMS = 16  # streams per device with cached scratch (counter slot + workspace)
-_counter_pools: dict = {}  # device -> zeroed int32 [_SCRATCH_STREAMS * _COUNTER_SLOT]
-_scratch: dict = {}  # (device, stream) -> [counter slot, fp32 workspace]
-
-
-def _split_k_scratch(device: torch.device, stream: int, tiles: int, partials: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp32 workspace of >= `partials` elements, zeroed int32 arrival counters for `tiles` tiles).
-
-    Both are kept per (device, stream) and reused, so a split-K call allocates nothing. GEMMs on one
-    stream run in order and never share them in flight; two streams never share them. The kernel's
-    last arriving split resets its tile's counter, so the counters are zero again after every launch.
-    Counter slots come from one pool per device, zeroed when it is made, eagerly. The first
-    _SCRATCH_STREAMS streams of a device get cached scratch; later streams, a pool not yet made
-    (CUDA-graph capture before any eager call on the device) or more tiles than a slot holds get a
-    fresh workspace and freshly zeroed counters per call (a memset, which a graph then replays).
-    """
-    entry = _scratch.get((device, stream))
-    if entry is None:
-        pool = _counter_pools.get(device)
-        if pool is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            pool = _counter_pools[device] = torch.zeros(_SCRATCH_STREAMS * _COUNTER_SLOT, device=device, dtype=torch.int32)
-        used = sum(1 for d, _ in _scratch if d == device)
-        if pool is None or used >= _SCRATCH_STREAMS or tiles > _COUNTER_SLOT:
-            return (torch.empty(partials, device=device, dtype=torch.float32),
-                    torch.zeros(tiles, device=device, dtype=torch.int32))
-        entry = _scratch[(device, stream)] = [pool[used * _COUNTER_SLOT: (used + 1) * _COUNTER_SLOT],
-                                              torch.empty(0, device=device, dtype=torch.float32)]
-    slot, work = entry
-    if work.numel() < partials:
-        work = entry[1] = torch.empty(partials, device=device, dtype=torch.float32)
-    if tiles > _COUNTER_SLOT:
-        return work, torch.zeros(tiles, device=device, dtype=torch.int32)
-    return work, slot
-
-
-def _current_stream(device: torch.device) -> int:
-    """The raw current stream of `device` (0 off CUDA); a device without an index means the current one."""
-    if device.type != "cuda":
-        return 0
-    return triton.runtime.driver.active.get_current_stream(torch.cuda.current_device() if device.index is None else device.index)
-
-
-# The repeat-launch fast path below mirrors what `JITFunction.run` does after its cache look-up in
-# these Triton versions (the dispatch around it costs tens of microseconds per call on a slow host).
-_FAST_LAUNCH_TRITON = ("3.6.",)
-_fast_launch = triton.__version__.startswith(_FAST_LAUNCH_TRITON)
-_compiled: dict = {}
-
-
-def _int_specialization(value: int) -> tuple:
-    """What Triton specialises a run-time int on: its width, == 1, divisibility by 16."""
-    return -(2**31) <= value < 2**31, value == 1, value % 16 == 0
-
-
-def _launch(kernel, grid: tuple, tensors: dict, ints: dict, constexprs: dict, options: dict) -> None:
-    """kernel[grid](**tensors, **ints, **constexprs, **options), skipping Triton's per-call dispatch
-    on repeat launches.
-
-    The first launch of each specialisation (constexpr values, options, tensor dtypes and 16-byte
-    alignment, int width / == 1 / divisibility by 16) goes through Triton, compiling if needed, and
-    keeps the compiled kernel; later ones call its launcher directly with the arguments, stream and
-    hooks Triton would pass. Off NVIDIA GPUs, under the interpreter, or on other Triton versions:
-    Triton's own path every time.
-    """
-    device = next(iter(tensors.values())).device
-    if not (_fast_launch and device.type == "cuda"):
-        kernel[grid](**tensors, **ints, **constexprs, **options)
-        return
-    key = (kernel, device, *options.items(), *constexprs.values(),
-           *((t.dtype, t.data_ptr() % 16 == 0) for t in tensors.values()), *(_int_specialization(v) for v in ints.values()))
-    compiled = _compiled.get(key)
-    if compiled is None:
-        _compiled[key] = kernel[grid](**tensors, **ints, **constexprs, **options)
-        return
-    params = {**tensors, **ints, **constexprs}
-    args = [params[name] for name in kernel.arg_names]
-    stream = _current_stream(device)
-    knobs = triton.knobs.runtime
-    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata,
-                 compiled.launch_metadata(grid, stream, *args), knobs.launch_enter_hook, knobs.launch_exit_hook, *args)
-
-
 def _use_asm(t: torch.Tensor) -> bool:
     """PTX inline assembly only on NVIDIA GPUs (not on AMD, not in Triton's CPU interpreter)."""
     return t.device.type == "cuda" and torch.version.hip is None
@@ -647,7 +565,7 @@ def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, p
     if split_k > 1:
         if split_k * m * n >= 2**31:
             raise ValueError(f"split-K workspace too large for int32 offsets: SPLIT_K={split_k}, M={m}, N={n}")
-        part, lock = _split_k_scratch(device, _current_stream(device), grid[0] * grid[1], split_k * m * n)
+        part, lock = split_k_scratch(device, current_stream(device), grid[0] * grid[1], split_k * m * n)
     else:
         part = lock = y  # unused
     symmetric = zeros is None
@@ -661,9 +579,9 @@ def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, p
     if cfg.get("maxnreg"):  # a register cap buys occupancy (more CTAs per SM) where it does not spill
         options["maxnreg"] = cfg["maxnreg"]
     if plan.path == "gemv":
-        _launch(_w4a16_gemv_kernel, grid, tensors, dict(ints, group_size=group_size), constexprs, options)
+        launch(_w4a16_gemv_kernel, grid, tensors, dict(ints, group_size=group_size), constexprs, options)
     else:
-        _launch(_w4a16_tc_kernel, grid, tensors, ints, dict(
+        launch(_w4a16_tc_kernel, grid, tensors, ints, dict(
             constexprs, GROUP_SIZE=group_size, SCALE_IN_OPERAND=cfg.get("SCALE_IN_OPERAND", False),
             MAGIC_PAIR=_MAGIC_PAIR[x2.dtype], MAGIC_VALUE=_MAGIC_VALUE[x2.dtype], USE_ASM=_use_asm(x2),
             # Triton's CPU interpreter multiplies bf16 dot operands as raw bits: give it fp32 (exact

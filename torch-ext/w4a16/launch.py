@@ -1,0 +1,99 @@
+"""Launch plumbing for the Triton kernels of gemm.py: per-stream split-K scratch and a repeat-launch
+fast path. No kernels here; nothing here changes what a kernel computes.
+
+- `split_k_scratch`: the fp32 partial-sum workspace and the zeroed arrival counters a split-K launch
+  needs, cached per (device, stream) so that a call allocates nothing and runs no memset.
+- `launch`: `kernel[grid](...)` that skips Triton's per-call dispatch on repeat launches (NVIDIA, the
+  Triton versions it mirrors); everywhere else Triton's own path.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+__all__ = ["COUNTER_SLOT", "split_k_scratch", "current_stream", "launch"]
+
+
+COUNTER_SLOT = 16384  # split-K tiles per stream (N / BLOCK_N * M / BLOCK_M; 57344 / 64 * 4 = 3584)
+_SCRATCH_STREAMS = 16  # streams per device with cached scratch (counter slot + workspace)
+_counter_pools: dict = {}  # device -> zeroed int32 [_SCRATCH_STREAMS * COUNTER_SLOT]
+_scratch: dict = {}  # (device, stream) -> [counter slot, fp32 workspace]
+
+
+def split_k_scratch(device: torch.device, stream: int, tiles: int, partials: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 workspace of >= `partials` elements, zeroed int32 arrival counters for `tiles` tiles).
+
+    Both are kept per (device, stream) and reused, so a split-K call allocates nothing. GEMMs on one
+    stream run in order and never share them in flight; two streams never share them. The kernel's
+    last arriving split resets its tile's counter, so the counters are zero again after every launch.
+    Counter slots come from one pool per device, zeroed when it is made, eagerly. The first
+    _SCRATCH_STREAMS streams of a device get cached scratch; later streams, a pool not yet made
+    (CUDA-graph capture before any eager call on the device) or more tiles than a slot holds get a
+    fresh workspace and freshly zeroed counters per call (a memset, which a graph then replays).
+    """
+    entry = _scratch.get((device, stream))
+    if entry is None:
+        pool = _counter_pools.get(device)
+        if pool is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            pool = _counter_pools[device] = torch.zeros(_SCRATCH_STREAMS * COUNTER_SLOT, device=device, dtype=torch.int32)
+        used = sum(1 for d, _ in _scratch if d == device)
+        if pool is None or used >= _SCRATCH_STREAMS or tiles > COUNTER_SLOT:
+            return (torch.empty(partials, device=device, dtype=torch.float32),
+                    torch.zeros(tiles, device=device, dtype=torch.int32))
+        entry = _scratch[(device, stream)] = [pool[used * COUNTER_SLOT: (used + 1) * COUNTER_SLOT],
+                                              torch.empty(0, device=device, dtype=torch.float32)]
+    slot, work = entry
+    if work.numel() < partials:
+        work = entry[1] = torch.empty(partials, device=device, dtype=torch.float32)
+    if tiles > COUNTER_SLOT:
+        return work, torch.zeros(tiles, device=device, dtype=torch.int32)
+    return work, slot
+
+
+def current_stream(device: torch.device) -> int:
+    """The raw current stream of `device` (0 off CUDA); a device without an index means the current one."""
+    if device.type != "cuda":
+        return 0
+    return triton.runtime.driver.active.get_current_stream(torch.cuda.current_device() if device.index is None else device.index)
+
+
+# The repeat-launch fast path below mirrors what `JITFunction.run` does after its cache look-up in
+# these Triton versions (the dispatch around it costs tens of microseconds per call on a slow host).
+# Checked on NVIDIA only (ROCm builds of torch also report device type "cuda": they take Triton's path).
+_FAST_LAUNCH_TRITON = ("3.6.",)
+_fast_launch = triton.__version__.startswith(_FAST_LAUNCH_TRITON) and torch.version.hip is None
+_compiled: dict = {}
+
+
+def _int_specialization(value: int) -> tuple:
+    """What Triton specialises a run-time int on: its width, == 1, divisibility by 16."""
+    return -(2**31) <= value < 2**31, value == 1, value % 16 == 0
+
+
+def launch(kernel, grid: tuple, tensors: dict, ints: dict, constexprs: dict, options: dict) -> None:
+    """kernel[grid](**tensors, **ints, **constexprs, **options), skipping Triton's per-call dispatch
+    on repeat launches.
+
+    The first launch of each specialisation (constexpr values, options, tensor dtypes and 16-byte
+    alignment, int width / == 1 / divisibility by 16) goes through Triton, compiling if needed, and
+    keeps the compiled kernel; later ones call its launcher directly with the arguments, stream and
+    hooks Triton would pass. Off NVIDIA GPUs, under the interpreter, or on other Triton versions:
+    Triton's own path every time.
+    """
+    device = next(iter(tensors.values())).device
+    if not (_fast_launch and device.type == "cuda"):
+        kernel[grid](**tensors, **ints, **constexprs, **options)
+        return
+    key = (kernel, device, *options.items(), *constexprs.values(),
+           *((t.dtype, t.data_ptr() % 16 == 0) for t in tensors.values()), *(_int_specialization(v) for v in ints.values()))
+    compiled = _compiled.get(key)
+    if compiled is None:
+        _compiled[key] = kernel[grid](**tensors, **ints, **constexprs, **options)
+        return
+    params = {**tensors, **ints, **constexprs}
+    args = [params[name] for name in kernel.arg_names]
+    stream = current_stream(device)
+    knobs = triton.knobs.runtime
+    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata,
+                 compiled.launch_metadata(grid, stream, *args), knobs.launch_enter_hook, knobs.launch_exit_hook, *args)
