@@ -247,6 +247,18 @@ def test_dispatch_plans(w4a16):
     rows = table[(4096, 4096)]
     assert {r["M"] for r in rows} >= {1, 16} and all(r["path"] in dispatch.PATHS for r in rows)
     assert dispatch.load_tuned_table("Some Other GPU") is None
+    # every tuned entry names only launch keys the launcher knows, and both scale modes are in use
+    known = set(dispatch.CONFIG_KEYS) | {"N", "K", "M", "path", "us"}
+    assert all(set(r) <= known for rows in table.values() for r in rows)
+    modes = {r.get("SCALE_IN_OPERAND") for rows in table.values() for r in rows if r["path"] in ("splitk", "tiled")}
+    assert modes == {True, False}
+    # a forced path takes overrides of its launch configuration; anything else is a clear error
+    forced = dispatch.plan_gemm(1, 64, 256, 128, torch.float16, cpu, path="splitk", config={"SCALE_IN_OPERAND": True, "maxnreg": 128})
+    assert forced.config["SCALE_IN_OPERAND"] is True and forced.config["maxnreg"] == 128 and forced.config["SPLIT_K"] == 2
+    with pytest.raises(ValueError, match="config keys"):
+        dispatch.plan_gemm(1, 64, 256, 128, torch.float16, cpu, path="splitk", config={"BLOCK_K": 64})
+    with pytest.raises(ValueError, match="forced path"):
+        dispatch.plan_gemm(1, 64, 256, 128, torch.float16, cpu, config={"SPLIT_K": 4})
 
 
 @pytest.mark.kernels_ci
@@ -273,6 +285,12 @@ def test_split_k_counters_are_reused_clean(w4a16, device):
         assert err < TOL[torch.float16]
         work, counters = launch.split_k_scratch(dev, launch.current_stream(dev), 64, 100)
         assert work.numel() >= 100 and counters.numel() >= 64 and int(counters.abs().sum()) == 0
+    # a register cap (tuned entries carry `maxnreg`) is a launch option only: same result
+    x = torch.randn(3, 512).to(device=device, dtype=torch.float16)
+    capped = w4a16.gemm.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, None, 512, 128, path="splitk",
+                                     config={"SCALE_IN_OPERAND": False, "maxnreg": 128})
+    expected = x.double() @ ref
+    assert float((capped.double() - expected).norm() / expected.norm()) < TOL[torch.float16]
     _, fresh = launch.split_k_scratch(dev, launch.current_stream(dev), launch.COUNTER_SLOT + 1, 1)
     assert fresh.numel() == launch.COUNTER_SLOT + 1 and int(fresh.abs().sum()) == 0
 
