@@ -54,8 +54,11 @@ def copies_needed(bytes_per_copy: int, l2_bytes: int | None = None) -> int:
     return max(2, -(-3 * l2_bytes // max(1, bytes_per_copy)) + 1)
 
 
-def gpu_time_us(calls, replays: int = 15, min_calls: int = 24) -> float:
-    """Median GPU time per call (us) of a CUDA graph that runs `calls` round-robin."""
+def gpu_time_us(calls, replays: int = 15, min_calls: int = 24, warm_s: float = 0.03) -> float:
+    """Median GPU time per call (us) of a CUDA graph that runs `calls` round-robin, after replaying it
+    for `warm_s` seconds (the first shape/M measured after building weights came out ~10% slow on the
+    H200 without it: 70B.gate_up M = 1, 121.7 us in the benchmark against 109 us for the same
+    configuration in tune.py; clocks ramping up from idle is the likely cause)."""
     n = max(min_calls, len(calls))
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -70,6 +73,10 @@ def gpu_time_us(calls, replays: int = 15, min_calls: int = 24) -> float:
             calls[i % len(calls)]()
     graph.replay()
     torch.cuda.synchronize()
+    warm_until = time.perf_counter() + warm_s
+    while time.perf_counter() < warm_until:
+        graph.replay()
+        torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(replays):
