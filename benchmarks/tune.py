@@ -66,7 +66,10 @@ def candidates(m: int, n: int, k: int, sm_count: int):
         yield "dense", {}
 
 
-def time_candidate(kernel, weights, x, k, group_size, path, config) -> float:
+def time_candidate(kernel, weights, x, k, group_size, path, config, reference=None) -> float:
+    """GPU time of one candidate; with `reference` (the dense path's output on weights[0]) a candidate
+    whose output differs from it by more than 2% (relative) raises instead, so a wrong kernel
+    configuration can never be the fastest entry of the table."""
     plan = kernel.dispatch.Plan(path, config, "tune")
     if path == "dense":
         def call(w):
@@ -75,6 +78,10 @@ def time_candidate(kernel, weights, x, k, group_size, path, config) -> float:
     else:
         def call(w):
             return kernel.gemm._launch_matmul_kernel(x, w.qweight, w.scales, w.zeros, k, group_size, plan)
+    if reference is not None:
+        err = float((call(weights[0]).float() - reference).norm() / reference.norm())
+        if not err < 2e-2:
+            raise ValueError(f"wrong output: relative error {err:.2e} against the dense path")
     return timing.gpu_time_us([lambda w=w: call(w) for w in weights], replays=7)
 
 
@@ -103,10 +110,13 @@ def main() -> None:
         weights = timing.random_w4_weights(kernel, n, k, group_size, timing.copies_needed(timing.w4_bytes(n, k, 1, group_size)))
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+            w0 = weights[0]
+            reference = torch.nn.functional.linear(
+                x, kernel.gemm.dequantize_native(w0.qweight, w0.scales, w0.zeros, k, group_size, x.dtype)).float()
             best = None
             for path, config in candidates(m, n, k, sm_count):
                 try:
-                    us = time_candidate(kernel, weights, x, k, group_size, path, config)
+                    us = time_candidate(kernel, weights, x, k, group_size, path, config, reference)
                 except Exception as exc:  # a config that does not compile or fit is skipped, and logged
                     log.append({"shape": shape["name"], "M": m, "path": path, "config": config, "error": repr(exc)[:300]})
                     continue
