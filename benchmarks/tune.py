@@ -53,6 +53,12 @@ def candidates(m: int, n: int, k: int, sm_count: int):
             tiles = -(-n // bn) * -(-m // bm)
             for split in splits(tiles):
                 yield ("splitk" if split > 1 else "tiled"), cfg(bn, bm, w, st, split, operand, maxnreg)
+        # Stream-K: a persistent grid of 1-3 programs per SM sharing the (tile, K block) work evenly
+        for bn, w, st, operand in ((128, 4, 4, False), (256, 8, 3, False), (128, 4, 4, True)):
+            for per_sm in (1, 2, 3):
+                c = cfg(bn, bm, w, st, 1, operand)
+                del c["SPLIT_K"]
+                yield "streamk", {**c, "PROGRAMS": per_sm * sm_count}
     if m >= 64:
         for bn, bm, w, st, operand in ((128, 64, 4, 3, False), (128, 128, 8, 3, False), (256, 64, 8, 3, False),
                                        (256, 128, 8, 3, False), (128, 64, 4, 4, True), (128, 128, 8, 3, True),

@@ -13,7 +13,7 @@ import torch
 
 # Each Triton path the dispatcher can choose; the tensor-core paths in both scale modes (fold:
 # scale and zero applied to the fp32 accumulator per group; operand: dequantized in the operand).
-TRITON_PATHS = ("gemv", "splitk:fold", "splitk:operand", "tiled:fold", "tiled:operand", "dense")
+TRITON_PATHS = ("gemv", "splitk:fold", "splitk:operand", "streamk:fold", "streamk:operand", "tiled:fold", "tiled:operand", "dense")
 BATCH_SIZES = (1, 2, 3, 8, 16, 33, 64)
 TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
@@ -291,6 +291,14 @@ def test_split_k_counters_are_reused_clean(w4a16, device):
                                      config={"SCALE_IN_OPERAND": False, "maxnreg": 128})
     expected = x.double() @ ref
     assert float((capped.double() - expected).norm() / expected.norm()) < TOL[torch.float16]
+    # Stream-K with more programs than work units (they are clamped) and sharing patterns of 1-3
+    # programs per tile; every launch must leave the counters zeroed for the next
+    for programs in (2, 3, 5, 64):
+        y = w4a16.gemm.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, None, 512, 128, path="streamk",
+                                    config={"PROGRAMS": programs})
+        assert float((y.double() - expected).norm() / expected.norm()) < TOL[torch.float16], programs
+        _, counters = launch.split_k_scratch(dev, launch.current_stream(dev), 64, 1)
+        assert int(counters.abs().sum()) == 0, programs
     _, fresh = launch.split_k_scratch(dev, launch.current_stream(dev), launch.COUNTER_SLOT + 1, 1)
     assert fresh.numel() == launch.COUNTER_SLOT + 1 and int(fresh.abs().sum()) == 0
 

@@ -10,6 +10,8 @@ and plans are memoised per (M bucket, N, K, ...), so a call costs a dictionary l
 Paths:
     gemv       CUDA-core split-K kernel, tiny M
     splitk     tensor-core kernel with split-K, decode M
+    streamk    tensor-core kernel on a persistent grid of PROGRAMS programs sharing the (tile, K block)
+               work evenly (Stream-K), decode M
     tiled      tensor-core kernel without split-K, mid-size M
     dense      dequantize into a scratch [N, K] fp16/bf16 buffer (N*K*2 bytes, freed after the
                call) and call cuBLAS: prefill
@@ -30,7 +32,7 @@ __all__ = ["PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table"]
 
 logger = logging.getLogger(__name__)
 
-PATHS = ("gemv", "splitk", "tiled", "dense", "reference")
+PATHS = ("gemv", "splitk", "streamk", "tiled", "dense", "reference")
 _M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 _TUNED_DIR = Path(__file__).resolve().parent
 
@@ -102,7 +104,7 @@ def _heuristic(m: int, n: int, k: int, sm_count: int) -> Plan:
     return Plan(path, cfg, "heuristic")
 
 
-CONFIG_KEYS = ("BLOCK_N", "BLOCK_M", "SPLIT_K", "num_warps", "num_stages", "maxnreg", "SCALE_IN_OPERAND")
+CONFIG_KEYS = ("BLOCK_N", "BLOCK_M", "SPLIT_K", "PROGRAMS", "num_warps", "num_stages", "maxnreg", "SCALE_IN_OPERAND")
 
 
 def _forced(path: str, m: int, n: int, k: int, config: dict | None = None) -> Plan:
@@ -125,6 +127,8 @@ def _forced_default(path: str, m: int) -> Plan:
         return Plan(path, {"BLOCK_N": 32, "BLOCK_M": block_m, "SPLIT_K": 2, "num_warps": 4, "num_stages": 2}, "forced")
     if path == "splitk":
         return Plan(path, {"BLOCK_N": 32, "BLOCK_M": 16, "SPLIT_K": 2, "num_warps": 4, "num_stages": 2}, "forced")
+    if path == "streamk":  # 3 programs: tiles shared by two or three programs, and whole ones, at test sizes
+        return Plan(path, {"BLOCK_N": 32, "BLOCK_M": 16, "PROGRAMS": 3, "num_warps": 4, "num_stages": 2}, "forced")
     if path == "tiled":
         return Plan(path, {"BLOCK_N": 32, "BLOCK_M": 32 if m > 16 else 16, "SPLIT_K": 1, "num_warps": 4, "num_stages": 2}, "forced")
     return Plan(path, {}, "forced")

@@ -28,7 +28,7 @@ def w4a16_linear(
 ) -> torch.Tensor:
     """y[..., N] = x[..., K] @ W (+ bias) for a prepared weight. x fp16 or bf16; y in x's dtype.
 
-    `path` forces a kernel ("gemv", "splitk", "tiled", "dense", "reference"); `strict=True` raises
+    `path` forces a kernel ("gemv", "splitk", "streamk", "tiled", "dense", "reference"); `strict=True` raises
     instead of falling back to an untuned configuration (see dispatch.py).
     """
     args = (x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features, weight.group_size, path, strict)

@@ -20,6 +20,8 @@ Kernels:
 - `_w4a16_tc_kernel`: tensor cores, operands swapped (y^T = W x^T) so the weight tile [BLOCK_N, 128]
   is the wide MMA side and tokens the narrow side; optional split-K over the 128-row blocks.
   With SPLIT_K = 1 it is the tiled kernel for mid-size M.
+- `_w4a16_streamk_kernel`: the same loop (`_tile_accumulate`) on a persistent grid that splits the
+  (tile, K block) work list evenly over its programs (Stream-K), reducing shared tiles like split-K.
 - `_w4a16_gemv_kernel`: CUDA cores (fp32 FMA) for tiny M, split-K (the H200 table does not pick it;
   `benchmarks/tune.py` considers it for M <= 2 on every GPU).
 - `_dequantize_kernel`: writes the fp16/bf16 weight [N, K] for the dense (cuBLAS) prefill path.
@@ -323,39 +325,16 @@ def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_m
 
 
 @triton.jit
-def _w4a16_tc_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr,
-    M, N, K, num_groups, stride_xm, stride_ym,
-    GROUP_SIZE: tl.constexpr,
-    FOLD_SUBS: tl.constexpr,  # 16-row slices per scale fold: min(G, 128) / 16 (8 for per-channel)
-    SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
+def _tile_accumulate(
+    x_ptr, qw_ptr, s_ptr, z_ptr, tile_n, tile_m, block_start, block_end, M, N, K, num_groups, stride_xm,
+    GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K, IS_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
 ):
-    """y[M, N] = x[M, K] @ W[K, N] with W in the kernel-native layout, on tensor cores.
-
-    Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), SPLIT_K). Each program owns the y^T tile
-    [BLOCK_N, BLOCK_M] (weights on the wide side of the MMA, tokens on the narrow side) and the
-    128-row blocks of its split. Per block it loads one int32 tile [BLOCK_N, 16] and unpacks it
-    (`_unpack_slices`: two weights per shift + and-or) into the eight 16-row slices as [BLOCK_N, 16]
-    matrices of C + q, exact in DOT_DTYPE. Slices are concatenated along K (join / permute / reshape:
-    register relabelling, no data movement) into one dot operand. Two ways to apply scale and zero:
-
-    - SCALE_IN_OPERAND: each slice becomes (c - C) * s - z*s in x's dtype (two packed
-      instructions per pair of weights), the whole 128-row block is one dot, and the accumulator
-      chains from block to block with nothing between the MMAs (so they can run asynchronously).
-    - otherwise: one dot per scale group on the raw C + q, then the fold
-      acc += s * dot - s * (z + C) * sum_k x (exact in fp32 for any zero) after every group.
-
-    Assumes BLOCK_M >= 16, x and y unit-stride along their last dim, qweight / scales / zeros
-    contiguous, MAGIC_PAIR = the magic bits of x's dtype in both 16-bit halves. The weight and x^T
-    tiles are only used by the dot, which lets Triton's software pipeliner stream both with
-    asynchronous copies.
-    """
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    """The fp32 y^T tile (tile_n, tile_m) [BLOCK_N, BLOCK_M] summed over the 128-row blocks
+    [block_start, block_end) of K, with its offsets and masks: the loop both tensor-core kernels run."""
+    offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_mask = offs_n < N
     m_mask = offs_m < M
     words_per_row = tl.cdiv(K, 128) * 16
@@ -369,7 +348,6 @@ def _w4a16_tc_kernel(
     xt_dtype = x_ptr.dtype.element_ty
 
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    block_start, block_end = _split_range(tl.cdiv(K, 128), SPLIT_K)
     # Side inputs (scales, zeros and, for the fold, x^T again for its column sums) are plain loads,
     # which the pipeliner does not stream: fetch them one block ahead so their latency hides behind
     # a block of unpacking and MMA instead of stalling every iteration.
@@ -404,7 +382,105 @@ def _w4a16_tc_kernel(
                 s = scales[f]
                 acc += s[:, None] * part - (s * shifted_zeros[f])[:, None] * xsum[None, :]
 
+    return acc, offs_n, offs_m, n_mask, m_mask
+
+
+@triton.jit
+def _w4a16_tc_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr,
+    M, N, K, num_groups, stride_xm, stride_ym,
+    GROUP_SIZE: tl.constexpr,
+    FOLD_SUBS: tl.constexpr,  # 16-row slices per scale fold: min(G, 128) / 16 (8 for per-channel)
+    SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
+    MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K, IS_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    """y[M, N] = x[M, K] @ W[K, N] with W in the kernel-native layout, on tensor cores.
+
+    Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), SPLIT_K). Each program owns the y^T tile
+    [BLOCK_N, BLOCK_M] (weights on the wide side of the MMA, tokens on the narrow side) and the
+    128-row blocks of its split. Per block it loads one int32 tile [BLOCK_N, 16] and unpacks it
+    (`_unpack_slices`: two weights per shift + and-or) into the eight 16-row slices as [BLOCK_N, 16]
+    matrices of C + q, exact in DOT_DTYPE. Slices are concatenated along K (join / permute / reshape:
+    register relabelling, no data movement) into one dot operand. Two ways to apply scale and zero:
+
+    - SCALE_IN_OPERAND: each slice becomes (c - C) * s - z*s in x's dtype (two packed
+      instructions per pair of weights), the whole 128-row block is one dot, and the accumulator
+      chains from block to block with nothing between the MMAs (so they can run asynchronously).
+    - otherwise: one dot per scale group on the raw C + q, then the fold
+      acc += s * dot - s * (z + C) * sum_k x (exact in fp32 for any zero) after every group.
+
+    Assumes BLOCK_M >= 16, x and y unit-stride along their last dim, qweight / scales / zeros
+    contiguous, MAGIC_PAIR = the magic bits of x's dtype in both 16-bit halves. The weight and x^T
+    tiles are only used by the dot, which lets Triton's software pipeliner stream both with
+    asynchronous copies.
+    """
+    block_start, block_end = _split_range(tl.cdiv(K, 128), SPLIT_K)
+    acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
+        x_ptr, qw_ptr, s_ptr, z_ptr, tl.program_id(0), tl.program_id(1), block_start, block_end, M, N, K, num_groups, stride_xm,
+        GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N, BLOCK_M, EVEN_K,
+    )
     _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
+
+
+@triton.jit
+def _w4a16_streamk_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr,
+    M, N, K, num_groups, stride_xm, stride_ym,
+    GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
+    MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    """Stream-K form of `_w4a16_tc_kernel`: a persistent grid (P,) shares the work evenly.
+
+    The work is the list of (tile, 128-row block) units, tiles in order (n fastest) and blocks in K
+    order within a tile: T = tiles * ceil(K / 128) units. Program p takes units
+    [p*T // P, (p+1)*T // P), so every program streams the same number of weight blocks whatever the
+    tile count (no half-empty last wave of CTAs). A tile a program covers whole is stored directly;
+    a tile shared by programs first..last is reduced like split-K: each writes its fp32 partial to its
+    own workspace slot (part [P, 2, BLOCK_N, BLOCK_M]: slot 0 for the segment a program starts with,
+    1 for the one it ends with), bumps the tile's counter, and the last to arrive sums the partials in
+    program order (deterministic), writes y and resets the counter. Assumes P <= T (no program
+    without work: a tile's contributors are then the consecutive programs first..last) and T * P < 2**31.
+    """
+    kb = tl.cdiv(K, 128)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    total = tiles_n * tl.cdiv(M, BLOCK_M) * kb
+    programs = tl.num_programs(0)
+    pid = tl.program_id(0)
+    start = (pid * total) // programs
+    end = ((pid + 1) * total) // programs
+    TILE: tl.constexpr = BLOCK_N * BLOCK_M
+    local = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+    unit = start
+    while unit < end:
+        tile = unit // kb
+        block_start = unit - tile * kb
+        block_end = tl.minimum(kb, block_start + (end - unit))
+        acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
+            x_ptr, qw_ptr, s_ptr, z_ptr, tile % tiles_n, tile // tiles_n, block_start, block_end, M, N, K, num_groups, stride_xm,
+        GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N, BLOCK_M, EVEN_K,
+        )
+        y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
+        mask = n_mask[:, None] & m_mask[None, :]
+        if (block_start == 0) & (block_end == kb):
+            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        else:
+            slot = (unit != start).to(tl.int32)
+            tl.store(part_ptr + (pid * 2 + slot) * TILE + local, acc)
+            # partial written by every thread before the counter says so (as in _store_output)
+            tl.debug_barrier()
+            first = ((tile * kb + 1) * programs - 1) // total  # the program that owns the tile's first unit
+            last = ((tile + 1) * kb * programs - 1) // total  # ... and its last unit
+            arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel")
+            if arrived == last - first:
+                reduced = tl.zeros_like(acc)
+                for q in range(first, last + 1):
+                    q_slot = (((q * total) // programs) < tile * kb).to(tl.int32)  # q began before this tile
+                    reduced += tl.load(part_ptr + (q * 2 + q_slot) * TILE + local, cache_modifier=".cg")
+                tl.store(y_ptrs, reduced.to(y_ptr.dtype.element_ty), mask=mask)
+                tl.atomic_xchg(lock_ptr + tile, 0)
+        unit += block_end - block_start
 
 
 # --------------------------------------------------------------------------------------------------
@@ -554,40 +630,53 @@ def _fold_subs(group_size: int, in_features: int) -> int:
 
 
 def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out=None) -> torch.Tensor:
-    """Launch the GEMV or tensor-core kernel of `plan` on x2 [M, K] (already permuted for act-order)."""
+    """Launch the GEMV, tensor-core or Stream-K kernel of `plan` on x2 [M, K] (already permuted for act-order)."""
     m, k = x2.shape
     n = qweight.shape[0]
     cfg = plan.config
     device = x2.device
     y = torch.empty((m, n), device=device, dtype=x2.dtype) if out is None else out
-    block_n, block_m, split_k = cfg["BLOCK_N"], cfg["BLOCK_M"], cfg["SPLIT_K"]
-    grid = (-(-n // block_n), -(-m // block_m), split_k)  # ceil-div (triton.cdiv costs ~3 us from the host)
-    if split_k > 1:
-        if split_k * m * n >= 2**31:
-            raise ValueError(f"split-K workspace too large for int32 offsets: SPLIT_K={split_k}, M={m}, N={n}")
-        part, lock = split_k_scratch(device, current_stream(device), grid[0] * grid[1], split_k * m * n)
+    block_n, block_m = cfg["BLOCK_N"], cfg["BLOCK_M"]
+    tiles_n, tiles_m = -(-n // block_n), -(-m // block_m)  # ceil-div (triton.cdiv costs ~3 us from the host)
+    split_k = cfg.get("SPLIT_K", 1)
+    if plan.path == "streamk":
+        units = tiles_n * tiles_m * -(-k // K_BLOCK)
+        programs = min(cfg["PROGRAMS"], units)  # every program gets >= 1 unit (the reduction counts on it)
+        if units * programs >= 2**31:
+            raise ValueError(f"Stream-K work list too long for int32 arithmetic: PROGRAMS={programs}, M={m}, N={n}, K={k}")
+        grid = (programs,)
+        part, lock = split_k_scratch(device, current_stream(device), tiles_n * tiles_m, programs * 2 * block_n * block_m)
     else:
-        part = lock = y  # unused
+        grid = (tiles_n, tiles_m, split_k)
+        if split_k > 1:
+            if split_k * m * n >= 2**31:
+                raise ValueError(f"split-K workspace too large for int32 offsets: SPLIT_K={split_k}, M={m}, N={n}")
+            part, lock = split_k_scratch(device, current_stream(device), tiles_n * tiles_m, split_k * m * n)
+        else:
+            part = lock = y  # unused
     symmetric = zeros is None
     tensors = dict(x_ptr=x2, qw_ptr=qweight, s_ptr=scales, z_ptr=scales if symmetric else zeros, y_ptr=y, part_ptr=part, lock_ptr=lock)
-    ints = dict(M=m, N=n, K=k, num_groups=k // group_size, stride_xm=x2.stride(0), stride_ym=y.stride(0), SPLIT_K=split_k)
-    constexprs = dict(
-        FOLD_SUBS=_fold_subs(group_size, in_features), SYMMETRIC=symmetric,
-        BLOCK_N=block_n, BLOCK_M=block_m, IS_SPLIT=split_k > 1, EVEN_K=k % K_BLOCK == 0,
-    )
+    ints = dict(M=m, N=n, K=k, num_groups=k // group_size, stride_xm=x2.stride(0), stride_ym=y.stride(0))
+    constexprs = dict(FOLD_SUBS=_fold_subs(group_size, in_features), SYMMETRIC=symmetric, BLOCK_N=block_n, BLOCK_M=block_m,
+                      EVEN_K=k % K_BLOCK == 0)
     options = dict(num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))
     if cfg.get("maxnreg"):  # a register cap buys occupancy (more CTAs per SM) where it does not spill
         options["maxnreg"] = cfg["maxnreg"]
     if plan.path == "gemv":
-        launch(_w4a16_gemv_kernel, grid, tensors, dict(ints, group_size=group_size), constexprs, options)
+        launch(_w4a16_gemv_kernel, grid, tensors, dict(ints, group_size=group_size, SPLIT_K=split_k),
+               dict(constexprs, IS_SPLIT=split_k > 1), options)
+        return y
+    tensor_core = dict(
+        constexprs, GROUP_SIZE=group_size, SCALE_IN_OPERAND=cfg.get("SCALE_IN_OPERAND", False),
+        MAGIC_PAIR=_MAGIC_PAIR[x2.dtype], MAGIC_VALUE=_MAGIC_VALUE[x2.dtype], USE_ASM=_use_asm(x2),
+        # Triton's CPU interpreter multiplies bf16 dot operands as raw bits: give it fp32 (exact
+        # for C + q and for bf16 activations); the GPU always runs the bf16 MMA.
+        DOT_DTYPE=tl.float32 if (device.type == "cpu" and x2.dtype == torch.bfloat16) else _TL_DTYPE[x2.dtype],
+    )
+    if plan.path == "streamk":
+        launch(_w4a16_streamk_kernel, grid, tensors, ints, tensor_core, options)
     else:
-        launch(_w4a16_tc_kernel, grid, tensors, ints, dict(
-            constexprs, GROUP_SIZE=group_size, SCALE_IN_OPERAND=cfg.get("SCALE_IN_OPERAND", False),
-            MAGIC_PAIR=_MAGIC_PAIR[x2.dtype], MAGIC_VALUE=_MAGIC_VALUE[x2.dtype], USE_ASM=_use_asm(x2),
-            # Triton's CPU interpreter multiplies bf16 dot operands as raw bits: give it fp32 (exact
-            # for C + q and for bf16 activations); the GPU always runs the bf16 MMA.
-            DOT_DTYPE=tl.float32 if (device.type == "cpu" and x2.dtype == torch.bfloat16) else _TL_DTYPE[x2.dtype],
-        ), options)
+        launch(_w4a16_tc_kernel, grid, tensors, dict(ints, SPLIT_K=split_k), dict(tensor_core, IS_SPLIT=split_k > 1), options)
     return y
 
 
@@ -617,7 +706,7 @@ def w4a16_matmul(
     """y[..., N] = x[..., K] @ W for a kernel-native weight: validate, plan by shape, launch.
 
     `path="auto"` takes the dispatcher's plan (plain torch on CPU tensors); a named path
-    ("gemv", "splitk", "tiled", "dense", "reference") forces that kernel, which is how tests run the
+    ("gemv", "splitk", "streamk", "tiled", "dense", "reference") forces that kernel, which is how tests run the
     Triton kernels on CPU tensors under TRITON_INTERPRET=1. `out` ([M, N] contiguous, x's dtype)
     receives the result when given (tests poison it to catch unwritten elements). `config`
     overrides a forced path's launch configuration (see dispatch.CONFIG_KEYS).
