@@ -9,12 +9,16 @@ All kernels read the kernel-native weight layout of `layout.py`:
     zeros   [K/G, N]         same dtype rules, or absent (SYMMETRIC: zero 8).
     x       [M, K]           fp16 or bf16, unit stride along K; y [M, N] in x's dtype, unit stride along N.
 
-Scale and zero are folded out of the inner loop. Within one group g of rows and one column n,
-    y[m, n] += s[g, n] * (sum_k x[m, k] * c[k, n]  -  (z[g, n] + C) * sum_k x[m, k]),
-where c = C + q is what the cheap "magic number" unpack produces: the nibble OR-ed into the mantissa
-of a float whose integer part is C (fp16 1024.0 = 0x6400 or bf16 128.0 = 0x4300 for the tensor-core
-kernels, fp32 2**23 for the CUDA-core kernel), so no integer-to-float conversion is issued. The dot on
-C + q is exact per product and accumulates in fp32.
+Codes become floats by the "magic number" unpack: the nibble OR-ed into the mantissa of a float whose
+integer part is C (fp16 1024.0 = 0x6400 or bf16 128.0 = 0x4300 for the tensor-core kernels, fp32 2**23
+for the CUDA-core kernel) gives c = C + q with no integer-to-float conversion. Scale and zero are then
+applied in one of two ways (the tensor-core kernels' SCALE_IN_OPERAND, chosen per shape by the tuned
+table):
+- fold: within one group g of rows and one column n,
+      y[m, n] += s[g, n] * (sum_k x[m, k] * c[k, n]  -  (z[g, n] + C) * sum_k x[m, k]),
+  the dot on C + q being exact per product with fp32 accumulation (any zero exact);
+- scale in operand: the MMA operand is (q - z) * s, computed on pairs with packed sub + fma and
+  rounded once to x's dtype, so the accumulator needs no per-group work.
 
 Kernels:
 - `_w4a16_tc_kernel`: tensor cores, operands swapped (y^T = W x^T) so the weight tile [BLOCK_N, 128]
