@@ -455,7 +455,6 @@ def _w4a16_streamk_kernel(
     start = (pid * total) // programs
     end = ((pid + 1) * total) // programs
     TILE: tl.constexpr = BLOCK_N * BLOCK_M
-    local = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
     unit = start
     while unit < end:
         tile = unit // kb
@@ -470,6 +469,7 @@ def _w4a16_streamk_kernel(
         if (block_start == 0) & (block_end == kb):
             tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
         else:
+            local = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
             slot = (unit != start).to(tl.int32)
             tl.store(part_ptr + (pid * 2 + slot) * TILE + local, acc)
             # partial written by every thread before the counter says so (as in _store_output)
