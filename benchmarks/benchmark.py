@@ -12,6 +12,21 @@ import torch
 from kernels.benchmark import Benchmark
 
 
+def _workload(m: int):
+    """(setup, benchmark, verify) methods for a workload of M = m tokens."""
+
+    def setup(self):
+        self._setup(m)
+
+    def benchmark(self):
+        self._run()
+
+    def verify(self) -> torch.Tensor:
+        return self._reference()
+
+    return setup, benchmark, verify
+
+
 class W4A16GemmBenchmark(Benchmark):
     seed: int = 42
     N, K, GROUP = 4096, 4096, 128
@@ -30,29 +45,7 @@ class W4A16GemmBenchmark(Benchmark):
     def _reference(self) -> torch.Tensor:
         return (self.x.float() @ self.reference_weight).half()
 
-    def setup_decode(self):
-        self._setup(1)
-
-    def benchmark_decode(self):
-        self._run()
-
-    def verify_decode(self) -> torch.Tensor:
-        return self._reference()
-
-    def setup_batch16(self):
-        self._setup(16)
-
-    def benchmark_batch16(self):
-        self._run()
-
-    def verify_batch16(self) -> torch.Tensor:
-        return self._reference()
-
-    def setup_prefill(self):
-        self._setup(1024)
-
-    def benchmark_prefill(self):
-        self._run()
-
-    def verify_prefill(self) -> torch.Tensor:
-        return self._reference()
+    # One workload per batch size: the runner finds setup_<name> / benchmark_<name> / verify_<name> by name.
+    setup_decode, benchmark_decode, verify_decode = _workload(1)
+    setup_batch16, benchmark_batch16, verify_batch16 = _workload(16)
+    setup_prefill, benchmark_prefill, verify_prefill = _workload(1024)

@@ -76,14 +76,9 @@ def time_candidate(kernel, weights, x, k, group_size, path, config, reference=No
     """GPU time of one candidate; with `reference` (the dense path's output on weights[0]) a candidate
     whose output differs from it by more than 2% (relative) raises instead, so a wrong kernel
     configuration can never be the fastest entry of the table."""
-    plan = kernel.dispatch.Plan(path, config, "tune")
-    if path == "dense":
-        def call(w):
-            dense = kernel.gemm.dequantize_native(w.qweight, w.scales, w.zeros, k, group_size, x.dtype)
-            return torch.nn.functional.linear(x, dense)
-    else:
-        def call(w):
-            return kernel.gemm._launch_matmul_kernel(x, w.qweight, w.scales, w.zeros, k, group_size, plan)
+    def call(w):  # the forced path with exactly this configuration, through the package's own entry point
+        return kernel.gemm.w4a16_matmul(x, w.qweight, w.scales, w.zeros, w.perm, k, group_size, path=path, config=config)
+
     if reference is not None:
         err = float((call(weights[0]).float() - reference).norm() / reference.norm())
         if not err < 2e-2:
@@ -117,8 +112,7 @@ def main() -> None:
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.float16)
             w0 = weights[0]
-            reference = torch.nn.functional.linear(
-                x, kernel.gemm.dequantize_native(w0.qweight, w0.scales, w0.zeros, k, group_size, x.dtype)).float()
+            reference = kernel.gemm.w4a16_matmul(x, w0.qweight, w0.scales, w0.zeros, w0.perm, k, group_size, path="dense").float()
             best = None
             for path, config in candidates(m, n, k, sm_count):
                 try:

@@ -62,7 +62,8 @@ _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 @triton.jit
 def _load_group_params(s_ptr, z_ptr, g, num_groups, offs_n, n_mask, N, MAGIC_VALUE: tl.constexpr, SYMMETRIC: tl.constexpr):
-    """Scale s and shifted zero (z + MAGIC_VALUE) of group g for columns offs_n, as fp32 [BLOCK_N].
+    """Scale s and shifted zero (z + MAGIC_VALUE) of group(s) g for columns offs_n, as fp32 in the
+    broadcast shape of g and offs_n ([BLOCK_N] for a scalar g; the GEMV passes [1, 16, 1] groups).
 
     Groups past the end (padding rows of the last 128-row block) get s = 0, so they add nothing.
     """
@@ -72,19 +73,6 @@ def _load_group_params(s_ptr, z_ptr, g, num_groups, offs_n, n_mask, N, MAGIC_VAL
         zz = tl.zeros_like(s) + (8.0 + MAGIC_VALUE)
     else:
         zz = tl.load(z_ptr + g * N + offs_n, mask=valid, other=0.0).to(tl.float32) + MAGIC_VALUE
-    return s, zz
-
-
-@triton.jit
-def _load_group_params_2d(s_ptr, z_ptr, groups, num_groups, offs_n, n_mask, N, MAGIC_VALUE: tl.constexpr, SYMMETRIC: tl.constexpr):
-    """Like `_load_group_params` for a vector of groups (one per word column): [BLOCK_N, 16, 1]."""
-    offs = groups[None, :, None] * N + offs_n[:, None, None]
-    valid = n_mask[:, None, None] & (groups[None, :, None] < num_groups)
-    s = tl.load(s_ptr + offs, mask=valid, other=0.0).to(tl.float32)
-    if SYMMETRIC:
-        zz = tl.zeros_like(s) + (8.0 + MAGIC_VALUE)
-    else:
-        zz = tl.load(z_ptr + offs, mask=valid, other=0.0).to(tl.float32) + MAGIC_VALUE
     return s, zz
 
 
@@ -99,17 +87,30 @@ def _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask
         pid_k = tl.program_id(2)
         tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
         part_ptrs = part_ptr + offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
-        tl.store(part_ptrs + pid_k * M * N, acc, mask=mask)  # < 2**31: checked by the launcher
-        # Every thread's partial must be written before the counter says so (CTA barrier, then a
-        # release at GPU scope); the last arrival then reads all partials from L2.
-        tl.debug_barrier()
-        arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
+        # part [SPLIT_K, M, N]; < 2**31 elements: checked by the launcher
+        if _publish_partial(acc, part_ptrs + pid_k * M * N, mask, lock_ptr + tile) == SPLIT_K - 1:
             total = tl.zeros_like(acc)
             for split in range(SPLIT_K):
                 total += tl.load(part_ptrs + split * M * N, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=mask)
-            tl.atomic_xchg(lock_ptr + tile, 0)
+            _finish_tile(total, y_ptrs, mask, lock_ptr + tile)
+
+
+@triton.jit
+def _publish_partial(acc, part_ptrs, mask, counter_ptr):
+    """Store this program's fp32 partial tile and count its arrival; returns the count before it
+    (so the program that gets contributors - 1 is the last and does the reduction)."""
+    tl.store(part_ptrs, acc, mask=mask)
+    # Every thread's partial must be written before the counter says so (CTA barrier, then a
+    # release at GPU scope); the last arrival then reads all partials from L2 (.cg loads).
+    tl.debug_barrier()
+    return tl.atomic_add(counter_ptr, 1, sem="acq_rel")
+
+
+@triton.jit
+def _finish_tile(total, y_ptrs, mask, counter_ptr):
+    """The last arrival's part: write the reduced tile and reset the counter for the next launch."""
+    tl.store(y_ptrs, total.to(y_ptrs.dtype.element_ty), mask=mask)
+    tl.atomic_xchg(counter_ptr, 0)
 
 
 @triton.jit
@@ -172,11 +173,16 @@ def _dequantize_pairs(pairs, params, MAGIC_VALUE: tl.constexpr, XT_DTYPE: tl.con
         return tl.inline_asm_elementwise(asm, "=r,r,r,r,r", [pairs, scale, shifted_zero, residual], dtype=tl.uint32,
                                          is_pure=True, pack=1)
     else:
-        low = (pairs & 0xFFFF).to(tl.uint16).to(XT_DTYPE, bitcast=True).to(tl.float32)
-        high = (pairs >> 16).to(tl.uint16).to(XT_DTYPE, bitcast=True).to(tl.float32)
-        low = ((low - shifted_zero) * scale + residual).to(XT_DTYPE).to(tl.uint16, bitcast=True).to(tl.uint32)
-        high = ((high - shifted_zero) * scale + residual).to(XT_DTYPE).to(tl.uint16, bitcast=True).to(tl.uint32)
+        low = _dequantize_half(pairs & 0xFFFF, scale, shifted_zero, residual, XT_DTYPE)
+        high = _dequantize_half(pairs >> 16, scale, shifted_zero, residual, XT_DTYPE)
         return low | (high << 16)
+
+
+@triton.jit
+def _dequantize_half(bits, scale, shifted_zero, residual, XT_DTYPE: tl.constexpr):
+    """Bit-op twin of one half of `_dequantize_pairs`: 16-bit float bits (in uint32) -> result bits."""
+    c = bits.to(tl.uint16).to(XT_DTYPE, bitcast=True).to(tl.float32)
+    return ((c - shifted_zero) * scale + residual).to(XT_DTYPE).to(tl.uint16, bitcast=True).to(tl.uint32)
 
 
 @triton.jit
@@ -195,16 +201,10 @@ def _unpack_slices(words, operand_params, MAGIC_PAIR: tl.constexpr, MAGIC_VALUE:
     high_slices = ()
     for q in tl.static_range(4):
         pairs = _magic_pairs(words, q, MAGIC_PAIR, USE_ASM)  # [BLOCK_N, 16]: word c = 2p + h (words: uint32)
-        if DEQUANTIZE:
-            if FOLD_SUBS == 8:  # one group for the block
-                pairs = _dequantize_pairs(pairs, operand_params[0], MAGIC_VALUE, XT_DTYPE, USE_ASM)
-                even, odd = tl.split(tl.reshape(pairs, (BLOCK_N, 8, 2)))
-            else:  # slice j = 4h + q belongs to fold j // FOLD_SUBS
-                even, odd = tl.split(tl.reshape(pairs, (BLOCK_N, 8, 2)))
-                even = _dequantize_pairs(even, operand_params[q // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
-                odd = _dequantize_pairs(odd, operand_params[(4 + q) // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
-        else:
-            even, odd = tl.split(tl.reshape(pairs, (BLOCK_N, 8, 2)))
+        even, odd = tl.split(tl.reshape(pairs, (BLOCK_N, 8, 2)))
+        if DEQUANTIZE:  # slice j = 4h + q belongs to scale fold j // FOLD_SUBS
+            even = _dequantize_pairs(even, operand_params[q // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
+            odd = _dequantize_pairs(odd, operand_params[(4 + q) // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
         low_slices = low_slices + (_pairs_to_slice(even, XT_DTYPE, BLOCK_N).to(DOT_DTYPE),)
         high_slices = high_slices + (_pairs_to_slice(odd, XT_DTYPE, BLOCK_N).to(DOT_DTYPE),)
     return low_slices + high_slices
@@ -215,8 +215,8 @@ def _pairs_to_slice(pairs, XT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
     """uint32 [BLOCK_N, 8] of 16-bit pairs (row 2p low, row 2p+1 high) -> [BLOCK_N, 16] values.
 
     The pair already sits in one register the way the MMA operand wants it; truncate / shift /
-    join only name the halves. (A PTX register split via inline asm compiled to the same SASS on
-    sm_90 with Triton 3.6, so no inline-asm path is kept.)
+    join only name the halves (a PTX register split in inline asm compiles to the same SASS on
+    sm_90 with Triton 3.6, so this needs no asm).
     """
     low = pairs.to(tl.uint16)
     high = (pairs >> 16).to(tl.uint16)
@@ -462,7 +462,7 @@ def _w4a16_streamk_kernel(
         block_end = tl.minimum(kb, block_start + (end - unit))
         acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
             x_ptr, qw_ptr, s_ptr, z_ptr, tile % tiles_n, tile // tiles_n, block_start, block_end, M, N, K, num_groups, stride_xm,
-        GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N, BLOCK_M, EVEN_K,
+            GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N, BLOCK_M, EVEN_K,
         )
         y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
         mask = n_mask[:, None] & m_mask[None, :]
@@ -471,19 +471,14 @@ def _w4a16_streamk_kernel(
         else:
             local = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
             slot = (unit != start).to(tl.int32)
-            tl.store(part_ptr + (pid * 2 + slot) * TILE + local, acc)
-            # partial written by every thread before the counter says so (as in _store_output)
-            tl.debug_barrier()
             first = ((tile * kb + 1) * programs - 1) // total  # the program that owns the tile's first unit
             last = ((tile + 1) * kb * programs - 1) // total  # ... and its last unit
-            arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel")
-            if arrived == last - first:
+            if _publish_partial(acc, part_ptr + (pid * 2 + slot) * TILE + local, None, lock_ptr + tile) == last - first:
                 reduced = tl.zeros_like(acc)
                 for q in range(first, last + 1):
                     q_slot = (((q * total) // programs) < tile * kb).to(tl.int32)  # q began before this tile
                     reduced += tl.load(part_ptr + (q * 2 + q_slot) * TILE + local, cache_modifier=".cg")
-                tl.store(y_ptrs, reduced.to(y_ptr.dtype.element_ty), mask=mask)
-                tl.atomic_xchg(lock_ptr + tile, 0)
+                _finish_tile(reduced, y_ptrs, mask, lock_ptr + tile)
         unit += block_end - block_start
 
 
@@ -545,7 +540,8 @@ def _w4a16_gemv_kernel(
                     part3 += (codes - zz3) * x_cur[r]
             else:
                 rows = block * 128 + _row_of(offs_w, r)  # [16]
-                s3, zz3 = _load_group_params_2d(s_ptr, z_ptr, rows // group_size, num_groups, offs_n, n_mask, N, 0.0, SYMMETRIC)
+                s3, zz3 = _load_group_params(s_ptr, z_ptr, (rows // group_size)[None, :, None], num_groups, offs_n[:, None, None],
+                                             n_mask[:, None, None], N, 0.0, SYMMETRIC)
                 acc3 += ((codes - zz3) * s3) * x_cur[r]
         if FOLD_SUBS == 8:
             acc3 += s[:, None, None] * part3

@@ -81,6 +81,14 @@ def _log_plan_once(module: nn.Module, weight: W4A16Weight, x: torch.Tensor) -> N
         )
 
 
+def _forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The forward of `W4A16Linear` and of the hub layer: the GEMM on the module's buffers (+ bias)."""
+    weight = _weight_of(module)
+    if not torch.compiler.is_compiling() and not getattr(module, "_w4a16_plan_logged", False):
+        _log_plan_once(module, weight, x)
+    return w4a16_linear(x, weight, module.bias)
+
+
 def _weight_bytes(weight: W4A16Weight) -> int:
     tensors = (weight.qweight, weight.scales, weight.zeros, weight.perm)
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
@@ -207,18 +215,15 @@ class W4A16Linear(nn.Module):
         return _weight_of(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight_view()
-        if not torch.compiler.is_compiling() and not self._w4a16_plan_logged:
-            _log_plan_once(self, weight, x)
-        return w4a16_linear(x, weight, self.bias)
+        return _forward(self, x)
 
     @property
     def symmetric(self) -> bool:
-        return self.zeros is None
+        return self.weight_view().symmetric
 
     @property
     def act_order(self) -> bool:
-        return self.perm is not None
+        return self.weight_view().act_order
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight in `nn.Linear` orientation [N, K] (for checks; computed in float64)."""
@@ -247,10 +252,7 @@ class W4A16LinearForward(nn.Module):
     can_torch_compile = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = _weight_of(self)
-        if not torch.compiler.is_compiling() and not getattr(self, "_w4a16_plan_logged", False):
-            _log_plan_once(self, weight, x)
-        return w4a16_linear(x, weight, self.bias)
+        return _forward(self, x)
 
 
 # ----------------------------------------------------------------------------------------------
