@@ -16,6 +16,7 @@ for step in ${STEPS:-tests}; do
               # later steps run with the table this step wrote: say so in their results
               export W4A16_COMMIT="${W4A16_COMMIT:-unknown}+tuned-in-session" ;;
         bench) timeout "${BENCH_TIMEOUT:-420}" python3 benchmarks/bench_gemm.py --m "${BENCH_M:-1,2,4,8,16,32,64,128,256,512,1024,4096}" --variants "${BENCH_VARIANTS:-base}" --merge --out benchmarks/results/h200.json 2>&1 | tee "$OUT/bench.txt" | tail -60; cp benchmarks/results/h200.json "$OUT/" ;;
+        layout) timeout "${LAYOUT_TIMEOUT:-420}" python3 benchmarks/probe_layout.py --m "${LAYOUT_M:-1,16}" --out "$OUT/probe_layout.json" 2>&1 | tee "$OUT/probe_layout.txt" | tail -80 ;;
         eager) timeout 120 python3 benchmarks/eager_overhead.py --out "$OUT/eager_overhead.json" 2>&1 | tail -12 ;;
         e2e) timeout "${E2E_TIMEOUT:-400}" python3 benchmarks/bench_e2e.py --out "$OUT/h200_e2e.json" 2>&1 | tee "$OUT/e2e.txt" | tail -30 ;;
     esac

@@ -333,7 +333,7 @@ def _tile_accumulate(
     x_ptr, qw_ptr, s_ptr, z_ptr, tile_n, tile_m, block_start, block_end, M, N, K, num_groups, stride_xm,
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, W_CHUNK_ROWS: tl.constexpr,
 ):
     """The fp32 y^T tile (tile_n, tile_m) [BLOCK_N, BLOCK_M] summed over the 128-row blocks
     [block_start, block_end) of K, with its offsets and masks: the loop both tensor-core kernels run."""
@@ -347,7 +347,13 @@ def _tile_accumulate(
     X_ROWS: tl.constexpr = 128 if SCALE_IN_OPERAND else FOLD_ROWS
     offs_xk = tl.arange(0, X_ROWS)
 
-    w_ptrs = qw_ptr + offs_n[:, None].to(tl.int64) * words_per_row + offs_w[None, :]
+    if W_CHUNK_ROWS == 0:
+        w_ptrs = qw_ptr + offs_n[:, None].to(tl.int64) * words_per_row + offs_w[None, :]
+        block_words = 16
+    else:
+        w_ptrs = (qw_ptr + (offs_n // W_CHUNK_ROWS)[:, None].to(tl.int64) * (words_per_row * W_CHUNK_ROWS)
+                  + (offs_n % W_CHUNK_ROWS)[:, None] * 16 + offs_w[None, :])
+        block_words = 16 * W_CHUNK_ROWS
     x_rows = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm  # x^T tiles are x_rows + k[:, None]
     xt_dtype = x_ptr.dtype.element_ty
 
@@ -363,7 +369,7 @@ def _tile_accumulate(
                                  n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K)
     for block in range(block_start, block_end):
         # uint32 so that shifts are logical (no sign extension to mask away)
-        words = tl.load(w_ptrs + block * 16, mask=n_mask[:, None], other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+        words = tl.load(w_ptrs + block * block_words, mask=n_mask[:, None], other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
         if SCALE_IN_OPERAND:
             params = side
             side = _load_operand_params(s_ptr, z_ptr, block + 1, block_end, num_groups, offs_n, n_mask, N,
@@ -398,6 +404,7 @@ def _w4a16_tc_kernel(
     SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K, IS_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+    W_CHUNK_ROWS: tl.constexpr,
 ):
     """y[M, N] = x[M, K] @ W[K, N] with W in the kernel-native layout, on tensor cores.
 
@@ -422,7 +429,7 @@ def _w4a16_tc_kernel(
     block_start, block_end = _split_range(tl.cdiv(K, 128), SPLIT_K)
     acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
         x_ptr, qw_ptr, s_ptr, z_ptr, tl.program_id(0), tl.program_id(1), block_start, block_end, M, N, K, num_groups, stride_xm,
-        GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N, BLOCK_M, EVEN_K,
+        GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N, BLOCK_M, EVEN_K, W_CHUNK_ROWS,
     )
     _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
 
@@ -433,7 +440,7 @@ def _w4a16_streamk_kernel(
     M, N, K, num_groups, stride_xm, stride_ym,
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, W_CHUNK_ROWS: tl.constexpr,
 ):
     """Stream-K form of `_w4a16_tc_kernel`: a persistent grid (P,) shares the work evenly.
 
@@ -462,7 +469,7 @@ def _w4a16_streamk_kernel(
         block_end = tl.minimum(kb, block_start + (end - unit))
         acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
             x_ptr, qw_ptr, s_ptr, z_ptr, tile % tiles_n, tile // tiles_n, block_start, block_end, M, N, K, num_groups, stride_xm,
-            GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N, BLOCK_M, EVEN_K,
+            GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N, BLOCK_M, EVEN_K, W_CHUNK_ROWS,
         )
         y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
         mask = n_mask[:, None] & m_mask[None, :]
@@ -672,6 +679,7 @@ def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, p
         # Triton's CPU interpreter multiplies bf16 dot operands as raw bits: give it fp32 (exact
         # for C + q and for bf16 activations); the GPU always runs the bf16 MMA.
         DOT_DTYPE=tl.float32 if (device.type == "cpu" and x2.dtype == torch.bfloat16) else _TL_DTYPE[x2.dtype],
+        W_CHUNK_ROWS=cfg.get("W_CHUNK_ROWS", 0),
     )
     if plan.path == "streamk":
         launch(_w4a16_streamk_kernel, grid, tensors, ints, tensor_core, options)
