@@ -108,10 +108,10 @@ def eager_wall_us(fn, iters: int = 200, repeats: int = 5) -> float:
 def random_w4_weights(kernel, n: int, k: int, group_size: int, copies: int, symmetric: bool = False,
                       act_order: bool = False, scale_dtype=torch.float16) -> list:
     """`copies` kernel-native W4A16Weight objects with random codes (any int32 pattern is valid)."""
-    kp8 = -(-k // 128) * 16
+    shape = kernel.layout.native_qweight_shape(n, k)
     return [
         kernel.W4A16Weight(
-            qweight=torch.randint(-2**31, 2**31 - 1, (n, kp8), dtype=torch.int32, device="cuda"),
+            qweight=torch.randint(-2**31, 2**31 - 1, shape, dtype=torch.int32, device="cuda"),
             scales=(torch.rand(k // group_size, n, device="cuda") * 0.02 + 0.001).to(scale_dtype),
             zeros=None if symmetric else torch.randint(0, 16, (k // group_size, n), device="cuda").to(scale_dtype),
             perm=torch.randperm(k, device="cuda") if act_order else None,

@@ -180,14 +180,23 @@ def test_pack_unpack_exact(w4a16):
     assert torch.equal(w4a16.unpack_int4_k_major(packed), codes)
     # nibble j of word i is row 8i + j, low bits first
     assert int(packed[0, 0]) & 0xF == int(codes[0, 0]) and (int(packed[0, 0]) >> 4) & 0xF == int(codes[1, 0])
-    native = w4a16.layout.pack_int4_n_major_striped(codes)
-    assert native.shape == (37, 3 * 16)
-    assert torch.equal(w4a16.layout.unpack_int4_n_major_striped(native, 264), codes)
-    # nibble r = q + 4t of word [n, b*16 + 2p + h] is row b*128 + 16*(4h + q) + 2p + t (layout.py)
-    for c, r in ((3, 2), (6, 5), (15, 7), (0, 0)):
-        p, h = divmod(c, 2)
-        q, t = r % 4, r // 4
-        assert (int(native[5, 16 + c]) >> (4 * r)) & 0xF == int(codes[128 + 16 * (4 * h + q) + 2 * p + t, 5])
+    # kernel-native: [ceil(N/64), ceil(K/128), 64, 16]; 70 columns = one full and one partial 64-row tile
+    codes = torch.randint(0, 16, (264, 70), dtype=torch.uint8)
+    native = w4a16.layout.pack_int4_tiled_striped(codes)
+    assert tuple(native.shape) == (2, 3, 64, 16) == w4a16.layout.native_qweight_shape(70, 264)
+    assert torch.equal(w4a16.layout.unpack_int4_tiled_striped(native, 264, 70), codes)
+    # nibble r = q + 4t of word [n // 64, b, n % 64, 2p + h] is row b*128 + 16*(4h + q) + 2p + t (layout.py)
+    for n in (5, 66):
+        for c, r in ((3, 2), (6, 5), (15, 7), (0, 0)):
+            p, h = divmod(c, 2)
+            q, t = r % 4, r // 4
+            assert (int(native[n // 64, 1, n % 64, c]) >> (4 * r)) & 0xF == int(codes[128 + 16 * (4 * h + q) + 2 * p + t, n])
+    # padding: rows k >= 264 and output rows n >= 70 hold code 0; each (tile, block) is 4 KB contiguous
+    # (in block 2 only rows 256..263 are real: nibbles 0 and 4 of words 0, 2, 4, 6)
+    last = native[:, 2]
+    assert int(native[1, :, 6:].abs().sum()) == 0 and int(last[..., 8:].abs().sum()) == 0 and int(last[..., 1::2].abs().sum()) == 0
+    assert int((last[..., 0:8:2] & ~0x000F000F).abs().sum()) == 0
+    assert native.is_contiguous() and native[1, 2].data_ptr() - native[1, 1].data_ptr() == 4096
 
 
 @pytest.mark.kernels_ci
@@ -229,6 +238,14 @@ def test_bad_inputs_raise_clear_errors(w4a16):
         w4a16.w4a16_linear(torch.randn(2, 256, device="meta").half(), weight)
     with pytest.raises(ValueError, match="path must be"):
         w4a16.w4a16_linear(torch.randn(2, 256).half(), weight, path="fast")
+    x = torch.randn(2, 256).half()
+    row_major = weight.qweight.permute(0, 2, 1, 3).reshape(64, 32)  # the pre-tile [N, Kp/8] layout
+    with pytest.raises(ValueError, match=r"qweight must have shape \[ceil\(N/64\), ceil\(K/128\), 64, 16\] = \[1, 2, 64, 16\]"):
+        w4a16.gemm.w4a16_matmul(x, row_major, weight.scales, weight.zeros, None, 256, 128)
+    with pytest.raises(TypeError, match="qweight must be an int32"):
+        w4a16.gemm.w4a16_matmul(x, weight.qweight.to(torch.int64), weight.scales, weight.zeros, None, 256, 128)
+    with pytest.raises(ValueError, match="scales must be a float tensor of shape"):
+        w4a16.gemm.w4a16_matmul(x, weight.qweight, weight.scales[0], weight.zeros, None, 256, 128)
 
 
 @pytest.mark.kernels_ci

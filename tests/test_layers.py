@@ -75,7 +75,7 @@ def test_from_linear_matches_reference(w4a16, device, dtype, symmetric):
     assert (layer.in_features, layer.out_features, layer.group_size) == (K, N, G)
     assert layer.symmetric == symmetric and (layer.zeros is None) == symmetric
     assert layer.perm is None
-    assert layer.qweight.dtype == torch.int32 and tuple(layer.qweight.shape) == (N, K // 8)
+    assert layer.qweight.dtype == torch.int32 and tuple(layer.qweight.shape) == (-(-N // 64), -(-K // 128), 64, 16)
     assert layer.scales.dtype == dtype and layer.bias.dtype == dtype
     torch.testing.assert_close(layer.bias, lin.bias.detach(), rtol=0, atol=0)
 

@@ -37,7 +37,7 @@ def _gemm_op(
 @_gemm_op.register_fake
 def _gemm_fake(x, qweight, scales, zeros, perm, in_features, group_size, path="auto", strict=False):
     validate_gemm_inputs(x, qweight, scales, zeros, perm, in_features, group_size)
-    return x.new_empty((*x.shape[:-1], qweight.shape[0]))
+    return x.new_empty((*x.shape[:-1], scales.shape[1]))
 
 
 # The op itself is `ops.gemm` (torch.ops.<namespace>.gemm); the module `gemm` holds the kernels.

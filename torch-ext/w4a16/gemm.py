@@ -2,9 +2,9 @@
 
 All kernels read the kernel-native weight layout of `layout.py`:
 
-    qweight int32 [N, Kp/8]  N-major, 128-row blocks of 16 words; nibble r = q + 4t of word
-                             [n, b*16 + 2p + h] is the code of row k = b*128 + 16*(4h + q) + 2p + t
-                             (rows k >= K hold code 0): see layout.py.
+    qweight int32 [Np/64, Kp/128, 64, 16]  4 KB tiles: qweight[n // 64, b, n % 64, 2p + h] holds at
+                             nibble r = q + 4t the code of row k = b*128 + 16*(4h + q) + 2p + t of
+                             output row n (padding rows and columns hold code 0): see layout.py.
     scales  [K/G, N]         fp16 / bf16 / fp32, contiguous.
     zeros   [K/G, N]         same dtype rules, or absent (SYMMETRIC: zero 8).
     x       [M, K]           fp16 or bf16, unit stride along K; y [M, N] in x's dtype, unit stride along N.
@@ -43,7 +43,7 @@ import triton.language as tl
 
 from .dispatch import Plan, plan_gemm
 from .launch import current_stream, launch, split_k_scratch
-from .layout import K_BLOCK, unpack_int4_n_major_striped
+from .layout import K_BLOCK, N_TILE, native_qweight_shape, unpack_int4_tiled_striped
 from .quantize import apply_group_params, validate_group_size
 
 __all__ = ["w4a16_matmul", "validate_gemm_inputs", "dequantize_native"]
@@ -53,6 +53,8 @@ __all__ = ["w4a16_matmul", "validate_gemm_inputs", "dequantize_native"]
 _MAGIC_PAIR = {torch.float16: 0x64006400, torch.bfloat16: 0x43004300}
 _MAGIC_VALUE = {torch.float16: 1024.0, torch.bfloat16: 128.0}
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+_N_TILE = tl.constexpr(N_TILE)  # output rows per stored weight tile (layout.py)
+_TILE_WORDS = tl.constexpr(N_TILE * K_BLOCK // 8)  # words per (tile, K block): 64 x 16
 
 
 # --------------------------------------------------------------------------------------------------
@@ -74,6 +76,15 @@ def _load_group_params(s_ptr, z_ptr, g, num_groups, offs_n, n_mask, N, MAGIC_VAL
     else:
         zz = tl.load(z_ptr + g * N + offs_n, mask=valid, other=0.0).to(tl.float32) + MAGIC_VALUE
     return s, zz
+
+
+@triton.jit
+def _weight_words_ptrs(qw_ptr, offs_n, K):
+    """Pointers [BLOCK_N, 16] to the words of K block 0 of output rows offs_n; block b is
+    `+ b * _TILE_WORDS`. Tile t of block b starts at word (t * blocks + b) * 1024 (layout.py)."""
+    blocks = tl.cdiv(K, 128)
+    tile_rows = (offs_n // _N_TILE)[:, None].to(tl.int64) * (blocks * _TILE_WORDS)
+    return qw_ptr + tile_rows + (offs_n % _N_TILE)[:, None] * 16 + tl.arange(0, 16)[None, :]
 
 
 @triton.jit
@@ -333,7 +344,7 @@ def _tile_accumulate(
     x_ptr, qw_ptr, s_ptr, z_ptr, tile_n, tile_m, block_start, block_end, M, N, K, num_groups, stride_xm,
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, W_CHUNK_ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
 ):
     """The fp32 y^T tile (tile_n, tile_m) [BLOCK_N, BLOCK_M] summed over the 128-row blocks
     [block_start, block_end) of K, with its offsets and masks: the loop both tensor-core kernels run."""
@@ -341,19 +352,11 @@ def _tile_accumulate(
     offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_mask = offs_n < N
     m_mask = offs_m < M
-    words_per_row = tl.cdiv(K, 128) * 16
-    offs_w = tl.arange(0, 16)
     FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
     X_ROWS: tl.constexpr = 128 if SCALE_IN_OPERAND else FOLD_ROWS
     offs_xk = tl.arange(0, X_ROWS)
 
-    if W_CHUNK_ROWS == 0:
-        w_ptrs = qw_ptr + offs_n[:, None].to(tl.int64) * words_per_row + offs_w[None, :]
-        block_words = 16
-    else:
-        w_ptrs = (qw_ptr + (offs_n // W_CHUNK_ROWS)[:, None].to(tl.int64) * (words_per_row * W_CHUNK_ROWS)
-                  + (offs_n % W_CHUNK_ROWS)[:, None] * 16 + offs_w[None, :])
-        block_words = 16 * W_CHUNK_ROWS
+    w_ptrs = _weight_words_ptrs(qw_ptr, offs_n, K)
     x_rows = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm  # x^T tiles are x_rows + k[:, None]
     xt_dtype = x_ptr.dtype.element_ty
 
@@ -369,7 +372,7 @@ def _tile_accumulate(
                                  n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K)
     for block in range(block_start, block_end):
         # uint32 so that shifts are logical (no sign extension to mask away)
-        words = tl.load(w_ptrs + block * block_words, mask=n_mask[:, None], other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+        words = tl.load(w_ptrs + block * _TILE_WORDS, mask=n_mask[:, None], other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
         if SCALE_IN_OPERAND:
             params = side
             side = _load_operand_params(s_ptr, z_ptr, block + 1, block_end, num_groups, offs_n, n_mask, N,
@@ -404,7 +407,6 @@ def _w4a16_tc_kernel(
     SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K, IS_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
-    W_CHUNK_ROWS: tl.constexpr,
 ):
     """y[M, N] = x[M, K] @ W[K, N] with W in the kernel-native layout, on tensor cores.
 
@@ -429,7 +431,7 @@ def _w4a16_tc_kernel(
     block_start, block_end = _split_range(tl.cdiv(K, 128), SPLIT_K)
     acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
         x_ptr, qw_ptr, s_ptr, z_ptr, tl.program_id(0), tl.program_id(1), block_start, block_end, M, N, K, num_groups, stride_xm,
-        GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N, BLOCK_M, EVEN_K, W_CHUNK_ROWS,
+        GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N, BLOCK_M, EVEN_K,
     )
     _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
 
@@ -440,7 +442,7 @@ def _w4a16_streamk_kernel(
     M, N, K, num_groups, stride_xm, stride_ym,
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, W_CHUNK_ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
 ):
     """Stream-K form of `_w4a16_tc_kernel`: a persistent grid (P,) shares the work evenly.
 
@@ -469,7 +471,7 @@ def _w4a16_streamk_kernel(
         block_end = tl.minimum(kb, block_start + (end - unit))
         acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
             x_ptr, qw_ptr, s_ptr, z_ptr, tile % tiles_n, tile // tiles_n, block_start, block_end, M, N, K, num_groups, stride_xm,
-            GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N, BLOCK_M, EVEN_K, W_CHUNK_ROWS,
+            GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N, BLOCK_M, EVEN_K,
         )
         y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
         mask = n_mask[:, None] & m_mask[None, :]
@@ -517,10 +519,9 @@ def _w4a16_gemv_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_mask = offs_n < N
     m_mask = offs_m < M
-    words_per_row = tl.cdiv(K, 128) * 16
     offs_w = tl.arange(0, 16)
 
-    w_ptrs = qw_ptr + offs_n[:, None, None].to(tl.int64) * words_per_row + offs_w[None, :, None]
+    w_ptrs = _weight_words_ptrs(qw_ptr, offs_n, K)[:, :, None]
     x_ptrs = x_ptr + offs_m[None, None, :].to(tl.int64) * stride_xm
     w_mask = n_mask[:, None, None]
     x_mask = m_mask[None, None, :]
@@ -530,7 +531,7 @@ def _w4a16_gemv_kernel(
     # x gathers are plain loads: fetch the next block's while this block computes.
     xs = _gather_x_block(x_ptrs, block_start, block_end, K, offs_w, x_mask, EVEN_K)
     for block in range(block_start, block_end):
-        words = tl.load(w_ptrs + block * 16, mask=w_mask, other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+        words = tl.load(w_ptrs + block * _TILE_WORDS, mask=w_mask, other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
         x_cur = xs
         xs = _gather_x_block(x_ptrs, block + 1, block_end, K, offs_w, x_mask, EVEN_K)
         if FOLD_SUBS == 8:
@@ -578,10 +579,8 @@ def _dequantize_kernel(
     block = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    words_per_row = tl.cdiv(K, 128) * 16
     w_dtype = w_ptr.dtype.element_ty
-    words = tl.load(qw_ptr + offs_n[:, None].to(tl.int64) * words_per_row + block * 16 + tl.arange(0, 16)[None, :],
-                    mask=n_mask[:, None], other=0).to(tl.uint32, bitcast=True)
+    words = tl.load(_weight_words_ptrs(qw_ptr, offs_n, K) + block * _TILE_WORDS, mask=n_mask[:, None], other=0).to(tl.uint32, bitcast=True)
     slices = _unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, w_dtype, w_dtype, BLOCK_N)
     FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
     for f in tl.static_range(8 // FOLD_SUBS):
@@ -603,18 +602,20 @@ def validate_gemm_inputs(x, qweight, scales, zeros, perm, in_features: int, grou
     """Raise a clear TypeError / ValueError for anything the kernels cannot take. Cheap (no syncs)."""
     if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"x must be a float16 or bfloat16 tensor, got {getattr(x, 'dtype', type(x))}")
-    if qweight.dtype != torch.int32 or qweight.dim() != 2:
-        raise TypeError(f"qweight must be a 2-D int32 tensor [N, Kp/8], got {qweight.dtype} {tuple(qweight.shape)}")
     k = in_features
     group_size = validate_group_size(group_size, k)  # also checks K
     if x.dim() < 1 or x.shape[-1] != k:
         raise ValueError(f"x must have in_features={k} as its last dim, got shape {tuple(x.shape)}")
-    n = qweight.shape[0]
-    words = -(-k // K_BLOCK) * (K_BLOCK // 8)
-    if qweight.shape[1] != words:
-        raise ValueError(f"qweight must have shape [N, ceil(K/128)*16] = [{n}, {words}] for K={k}, got {tuple(qweight.shape)}")
-    if scales.dtype not in _FLOAT_DTYPES or tuple(scales.shape) != (k // group_size, n):
-        raise ValueError(f"scales must be a float tensor of shape [K/G, N] = {(k // group_size, n)}, got {scales.dtype} {tuple(scales.shape)}")
+    if not isinstance(scales, torch.Tensor) or scales.dtype not in _FLOAT_DTYPES or scales.dim() != 2 or scales.shape[0] != k // group_size:
+        raise ValueError(f"scales must be a float tensor of shape [K/G, N] with K/G = {k // group_size}, "
+                         f"got {getattr(scales, 'dtype', type(scales))} {tuple(getattr(scales, 'shape', ()))}")
+    n = scales.shape[1]  # N (qweight's rows are padded to whole 64-row tiles)
+    expected = native_qweight_shape(n, k)
+    if not isinstance(qweight, torch.Tensor) or qweight.dtype != torch.int32:
+        raise TypeError(f"qweight must be an int32 tensor (layout.py), got {getattr(qweight, 'dtype', type(qweight))}")
+    if tuple(qweight.shape) != expected:
+        raise ValueError(f"qweight must have shape [ceil(N/64), ceil(K/128), 64, 16] = {list(expected)} "
+                         f"for N={n}, K={k} (layout.py), got {tuple(qweight.shape)}")
     if zeros is not None and (zeros.dtype not in _FLOAT_DTYPES or tuple(zeros.shape) != (k // group_size, n)):
         raise ValueError(f"zeros must be None or a float tensor of shape [K/G, N] = {(k // group_size, n)}, got {zeros.dtype} {tuple(zeros.shape)}")
     if perm is not None and (perm.dtype != torch.int64 or tuple(perm.shape) != (k,)):
@@ -639,7 +640,7 @@ def _fold_subs(group_size: int, in_features: int) -> int:
 def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out=None) -> torch.Tensor:
     """Launch the GEMV, tensor-core or Stream-K kernel of `plan` on x2 [M, K] (already permuted for act-order)."""
     m, k = x2.shape
-    n = qweight.shape[0]
+    n = scales.shape[1]
     cfg = plan.config
     device = x2.device
     y = torch.empty((m, n), device=device, dtype=x2.dtype) if out is None else out
@@ -679,7 +680,6 @@ def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, p
         # Triton's CPU interpreter multiplies bf16 dot operands as raw bits: give it fp32 (exact
         # for C + q and for bf16 activations); the GPU always runs the bf16 MMA.
         DOT_DTYPE=tl.float32 if (device.type == "cpu" and x2.dtype == torch.bfloat16) else _TL_DTYPE[x2.dtype],
-        W_CHUNK_ROWS=cfg.get("W_CHUNK_ROWS", 0),
     )
     if plan.path == "streamk":
         launch(_w4a16_streamk_kernel, grid, tensors, ints, tensor_core, options)
@@ -690,7 +690,7 @@ def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, p
 
 def dequantize_native(qweight, scales, zeros, in_features: int, group_size: int, dtype: torch.dtype, block_n: int = 64) -> torch.Tensor:
     """The weight [N, K] (nn.Linear orientation, rows in kernel order) in `dtype` (fp16 / bf16), by a Triton kernel."""
-    n = qweight.shape[0]
+    n = scales.shape[1]
     w = torch.empty((n, in_features), device=qweight.device, dtype=dtype)
     grid = (-(-n // block_n), -(-in_features // K_BLOCK))
     _dequantize_kernel[grid](
@@ -703,7 +703,7 @@ def dequantize_native(qweight, scales, zeros, in_features: int, group_size: int,
 
 def _reference_matmul(x2, qweight, scales, zeros, in_features, group_size) -> torch.Tensor:
     """Plain torch: dequantize (fp32) and matmul. The CPU path of the op."""
-    w = apply_group_params(unpack_int4_n_major_striped(qweight, in_features), scales, zeros, group_size, torch.float32)
+    w = apply_group_params(unpack_int4_tiled_striped(qweight, in_features, scales.shape[1]), scales, zeros, group_size, torch.float32)
     return (x2.to(torch.float32) @ w).to(x2.dtype)
 
 
@@ -725,7 +725,7 @@ def w4a16_matmul(
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    n = qweight.shape[0]
+    n = scales.shape[1]
     if m == 0:
         return x.new_empty((*lead, n))
     plan = plan_gemm(m, n, in_features, group_size, x2.dtype, x2.device, path=path, symmetric=zeros is None, strict=strict,

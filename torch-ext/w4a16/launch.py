@@ -95,5 +95,6 @@ def launch(kernel, grid: tuple, tensors: dict, ints: dict, constexprs: dict, opt
     args = [params[name] for name in kernel.arg_names]
     stream = current_stream(device)
     knobs = triton.knobs.runtime
-    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata,
+    grid_x, grid_y, grid_z = (*grid, 1, 1)[:3]  # a 1-D grid (Stream-K) is (P, 1, 1) to the launcher
+    compiled.run(grid_x, grid_y, grid_z, stream, compiled.function, compiled.packed_metadata,
                  compiled.launch_metadata(grid, stream, *args), knobs.launch_enter_hook, knobs.launch_exit_hook, *args)

@@ -3,7 +3,7 @@
 `W4A16Linear` is an inference-only drop-in for `nn.Linear` holding a 4-bit weight in the
 kernel-native layout (see layout.py) as buffers:
 
-    qweight  int32 [N, ceil(K/128)*16]   kernel-native (N-major, K-striped)
+    qweight  int32 [ceil(N/64), ceil(K/128), 64, 16]   kernel-native (64-row tiles, K-striped)
     scales   [K/G, N]                    the layer's dtype (fp16 / bf16)
     zeros    [K/G, N] or None            None: symmetric (zero 8); the key is absent from state_dict
     perm     int64 [K] or None           act-order row permutation; absent from state_dict without
@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from .functional import plan_for, w4a16_linear
-from .layout import K_BLOCK, W4A16Weight, prepare_weight
+from .layout import K_BLOCK, W4A16Weight, native_qweight_shape, prepare_weight
 from .quantize import SYMMETRIC_ZERO, quantize_weight_int4_grouped, validate_group_size
 
 __all__ = ["W4A16Linear", "W4A16LinearForward", "ConversionSummary", "convert_to_w4a16"]
@@ -120,11 +120,10 @@ class W4A16Linear(nn.Module):
         if dtype not in _HALF_DTYPES:
             raise TypeError(f"dtype (of scales, zeros and bias) must be float16 or bfloat16, got {dtype}")
         k, n = in_features, out_features
-        kp = -(-k // K_BLOCK) * K_BLOCK
         self.in_features = k
         self.out_features = n
         self.group_size = g
-        self.register_buffer("qweight", torch.zeros((n, kp // 8), dtype=torch.int32, device=device))
+        self.register_buffer("qweight", torch.zeros(native_qweight_shape(n, k), dtype=torch.int32, device=device))
         self.register_buffer("scales", torch.zeros((k // g, n), dtype=dtype, device=device))
         self.register_buffer(
             "zeros", None if symmetric else torch.full((k // g, n), SYMMETRIC_ZERO, dtype=dtype, device=device)

@@ -1,14 +1,15 @@
 """The kernel-native weight layout and the one-time repack into it from the seed layout.
 
-Kernel-native layout ("N-major, K-striped, pair-interleaved"), made once at load by `prepare_weight`:
+Kernel-native layout ("64-row tiles, K-striped, pair-interleaved"), made once at load by `prepare_weight`:
 
-    qweight int32 [N, Kp/8], Kp = K rounded up to a multiple of 128 (padding rows hold code 0).
-    K is cut into blocks of 128 rows; block b owns word columns b*16 .. b*16+15 of every output row n.
-    Each block is 8 slices of 16 rows (slice j = rows b*128 + 16j .. +15). Word column c = 2p + h
-    (p = 0..7, h = 0..1) holds, at nibble r = q + 4t (q = 0..3, t = 0..1, bits 4r..4r+3), the code of
-        k = b*128 + 16*(4h + q) + 2p + t,
-    i.e. the pair of rows (2p, 2p+1) of the four slices 4h .. 4h+3: nibbles q and q+4 are the two
-    rows of one pair. So `(word >> 4q) & 0x000F000F | 0x64006400` turns a word into the two fp16
+    qweight int32 [Np/64, Kp/128, 64, 16]: Np = N rounded up to a multiple of 64 (N_TILE) and
+    Kp = K rounded up to a multiple of 128 (K_BLOCK); padding rows and columns hold code 0.
+    qweight[t, b] is the [64, 16]-word tile of output rows n = 64t .. 64t+63 and K block b (rows
+    b*128 .. b*128+127): 4 KB, contiguous. Within it, word [n % 64, c] with c = 2p + h (p = 0..7,
+    h = 0..1) holds, at nibble r = q + 4t' (q = 0..3, t' = 0..1, bits 4r..4r+3), the code of
+        k = b*128 + 16*(4h + q) + 2p + t',
+    i.e. the pair of rows (2p, 2p+1) of the four 16-row slices 4h .. 4h+3: nibbles q and q+4 are the
+    two rows of one pair. So `(word >> 4q) & 0x000F000F | 0x64006400` turns a word into the two fp16
     values (1024 + code) of one row pair of slice 4h+q with one shift and one LOP3, already packed
     the way a tensor-core operand register holds two neighbouring k (magic-number dequant, two
     weights per instruction). Splitting the even and odd word columns of that result gives the
@@ -18,9 +19,13 @@ Kernel-native layout ("N-major, K-striped, pair-interleaved"), made once at load
     perm int64 [K] or None: act-order. Rows were sorted so that groups are contiguous; the GEMM
         computes x[:, perm] @ W_sorted, where W_sorted[i] = W[perm[i]].
 
-Why N-major: each output row's words are contiguous along K, so a program streams BLOCK_N rows of 64
-bytes per 128-row block with wide loads, and the tensor-core kernel computes y^T = W x^T with the
-weight on the wide side of the MMA (tokens on the narrow side).
+Why tiles: a program reads, per 128-row block, BLOCK_N rows of 64 bytes (one word row of the tile
+per output row) and the tensor-core kernel computes y^T = W x^T with the weight on the wide side of
+the MMA (tokens on the narrow side). Stored row by row (an earlier N-major [N, Kp/8] layout) those
+64-byte pieces lie K/2 bytes apart and each opens a DRAM page of its own; stored as 4 KB tiles the
+same program reads whole tiles. Measured on the H200 (benchmarks/NOTES.md, v7): a plain streaming
+kernel went from 81% to 95% of 4.2 TB/s and the GEMM from 109 to 95 us on 57344 x 8192 at M = 1.
+Any BLOCK_N that is a multiple of 64 reads whole tiles.
 """
 
 from __future__ import annotations
@@ -35,38 +40,47 @@ __all__ = [
     "K_BLOCK",
     "W4A16Weight",
     "prepare_weight",
-    "pack_int4_n_major_striped",
-    "unpack_int4_n_major_striped",
+    "N_TILE",
+    "native_qweight_shape",
+    "pack_int4_tiled_striped",
+    "unpack_int4_tiled_striped",
     "act_order_permutation",
 ]
 
 K_BLOCK = 128  # rows of K per block: 16 words x 8 nibbles
+N_TILE = 64  # output rows per stored tile (4 KB per tile and K block)
 _NIBBLE_SHIFTS = torch.arange(8, dtype=torch.int64) * 4
 
 
-def pack_int4_n_major_striped(codes: torch.Tensor) -> torch.Tensor:
-    """Codes [K, N] (0..15) -> int32 [N, Kp/8] in the kernel-native layout (see module docstring)."""
+def native_qweight_shape(out_features: int, in_features: int) -> tuple[int, int, int, int]:
+    """Shape of the kernel-native qweight of an N x K weight: [ceil(N/64), ceil(K/128), 64, 16]."""
+    return -(-out_features // N_TILE), -(-in_features // K_BLOCK), N_TILE, K_BLOCK // 8
+
+
+def pack_int4_tiled_striped(codes: torch.Tensor) -> torch.Tensor:
+    """Codes [K, N] (0..15) -> int32 [Np/64, Kp/128, 64, 16] in the kernel-native layout (module docstring)."""
     if codes.dim() != 2:
         raise ValueError(f"codes must be 2-D [K, N], got shape {tuple(codes.shape)}")
     k, n = codes.shape
-    kp = -(-k // K_BLOCK) * K_BLOCK
-    c = torch.zeros((kp, n), dtype=torch.int64, device=codes.device)
-    c[:k] = codes.to(torch.int64)
-    # k = b*128 + 16*(4h + q) + 2p + t  ->  [N, b, h, q, p, t]  ->  [N, b, p, h, t, q] = [N, b, word c, nibble r]
-    c = c.t().reshape(n, kp // K_BLOCK, 2, 4, 8, 2).permute(0, 1, 4, 2, 5, 3).reshape(n, kp // K_BLOCK, 16, 8)
-    words = (c << _NIBBLE_SHIFTS.to(codes.device)).sum(dim=3)  # [N, blocks, 16], < 2**32
-    words = torch.where(words >= 2**31, words - 2**32, words)
-    return words.reshape(n, kp // 8).to(torch.int32).contiguous()
+    tiles, blocks, _, _ = native_qweight_shape(n, k)
+    c = torch.zeros((blocks * K_BLOCK, tiles * N_TILE), dtype=torch.int64, device=codes.device)
+    c[:k, :n] = codes.to(torch.int64)
+    # k = b*128 + 16*(4h + q) + 2p + t  ->  [Np, b, h, q, p, t]  ->  [Np, b, p, h, t, q] = [Np, b, word c, nibble r]
+    c = c.t().reshape(tiles * N_TILE, blocks, 2, 4, 8, 2).permute(0, 1, 4, 2, 5, 3).reshape(tiles * N_TILE, blocks, 16, 8)
+    words = (c << _NIBBLE_SHIFTS.to(codes.device)).sum(dim=3)  # [Np, blocks, 16], < 2**32
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    # [t, n % 64, b, c] -> [t, b, n % 64, c]: each (tile, block) 4 KB contiguous
+    return words.reshape(tiles, N_TILE, blocks, 16).permute(0, 2, 1, 3).contiguous()
 
 
-def unpack_int4_n_major_striped(qweight: torch.Tensor, in_features: int) -> torch.Tensor:
-    """Inverse of `pack_int4_n_major_striped`: int32 [N, Kp/8] -> uint8 codes [K, N]."""
-    n, kp8 = qweight.shape
-    blocks = kp8 // 16
-    nibbles = (qweight.to(torch.int64).reshape(n, blocks, 16, 1) >> _NIBBLE_SHIFTS.to(qweight.device)) & 0xF
-    # [N, b, p, h, t, q] -> [N, b, h, q, p, t] = rows in order
-    codes = nibbles.reshape(n, blocks, 8, 2, 2, 4).permute(0, 1, 3, 5, 2, 4).reshape(n, blocks * K_BLOCK)
-    return codes[:, :in_features].t().to(torch.uint8).contiguous()
+def unpack_int4_tiled_striped(qweight: torch.Tensor, in_features: int, out_features: int) -> torch.Tensor:
+    """Inverse of `pack_int4_tiled_striped`: int32 [Np/64, Kp/128, 64, 16] -> uint8 codes [K, N]."""
+    tiles, blocks = qweight.shape[:2]
+    rows = qweight.permute(0, 2, 1, 3).reshape(tiles * N_TILE, blocks, 16, 1).to(torch.int64)
+    nibbles = (rows >> _NIBBLE_SHIFTS.to(qweight.device)) & 0xF
+    # [Np, b, p, h, t, q] -> [Np, b, h, q, p, t] = rows in order
+    codes = nibbles.reshape(tiles * N_TILE, blocks, 8, 2, 2, 4).permute(0, 1, 3, 5, 2, 4).reshape(tiles * N_TILE, blocks * K_BLOCK)
+    return codes[:out_features, :in_features].t().to(torch.uint8).contiguous()
 
 
 def act_order_permutation(g_idx: torch.Tensor, group_size: int) -> torch.Tensor | None:
@@ -98,7 +112,7 @@ class W4A16Weight:
     Build it with `prepare_weight` (from the seed layout) or the importers in `formats`.
     """
 
-    qweight: torch.Tensor  # int32 [N, Kp/8], N-major K-striped
+    qweight: torch.Tensor  # int32 [Np/64, Kp/128, 64, 16]: 64-row tiles, K-striped
     scales: torch.Tensor  # [K/G, N]
     zeros: torch.Tensor | None  # [K/G, N] or None (symmetric: zero 8)
     perm: torch.Tensor | None  # int64 [K] act-order permutation or None
@@ -122,7 +136,7 @@ class W4A16Weight:
 
     def codes(self) -> torch.Tensor:
         """Codes [K, N] in the original (checkpoint) row order."""
-        codes_sorted = unpack_int4_n_major_striped(self.qweight, self.in_features)
+        codes_sorted = unpack_int4_tiled_striped(self.qweight, self.in_features, self.out_features)
         if self.perm is None:
             return codes_sorted
         codes = torch.empty_like(codes_sorted)
@@ -131,7 +145,7 @@ class W4A16Weight:
 
     def dequantize(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """The weight [K, N] = (q - z) * s in the original row order, computed in float64."""
-        codes_sorted = unpack_int4_n_major_striped(self.qweight, self.in_features)
+        codes_sorted = unpack_int4_tiled_striped(self.qweight, self.in_features, self.out_features)
         w_sorted = apply_group_params(codes_sorted, self.scales, self.zeros, self.group_size, torch.float64)
         if self.perm is None:
             return w_sorted.to(dtype)
@@ -184,7 +198,7 @@ def prepare_weight(
     if perm is not None:
         codes = codes[perm]
     return W4A16Weight(
-        qweight=pack_int4_n_major_striped(codes),
+        qweight=pack_int4_tiled_striped(codes),
         scales=scales.contiguous(),
         zeros=None if zeros is None else zeros.contiguous(),
         perm=perm,
