@@ -17,6 +17,12 @@ for step in ${STEPS:-tests}; do
               export W4A16_COMMIT="${W4A16_COMMIT:-unknown}+tuned-in-session" ;;
         bench) timeout "${BENCH_TIMEOUT:-420}" python3 benchmarks/bench_gemm.py --m "${BENCH_M:-1,2,4,8,16,32,64,128,256,512,1024,4096}" --variants "${BENCH_VARIANTS:-base}" --merge --out benchmarks/results/h200.json 2>&1 | tee "$OUT/bench.txt" | tail -60; cp benchmarks/results/h200.json "$OUT/" ;;
         layout) timeout "${LAYOUT_TIMEOUT:-420}" python3 benchmarks/probe_layout.py --m "${LAYOUT_M:-1,16}" --out "$OUT/probe_layout.json" 2>&1 | tee "$OUT/probe_layout.txt" | tail -80 ;;
+        ncu) for spec in ${NCU_SPECS:-70B.gate_up:1}; do
+                 timeout 150 ncu --kernel-name regex:_w4a16 --launch-skip 2 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
+                     --section MemoryWorkloadAnalysis --section Occupancy --section SchedulerStats --section LaunchStats \
+                     python3 benchmarks/profile_one.py --shape "${spec%%:*}" --m "${spec##*:}" > "$OUT/ncu_${spec%%:*}_${spec##*:}.txt" 2>&1
+                 grep -E "plan:|Duration|Throughput|Stall|Warp Cycles|Issued|Eligible|Active Warps|Registers|Achieved|Theoretical Occ|Block Limit|L2 Hit|Mem Busy|Max Bandwidth" "$OUT/ncu_${spec%%:*}_${spec##*:}.txt" | head -40
+             done ;;
         eager) timeout 120 python3 benchmarks/eager_overhead.py --out "$OUT/eager_overhead.json" 2>&1 | tail -12 ;;
         e2e) timeout "${E2E_TIMEOUT:-400}" python3 benchmarks/bench_e2e.py --out "$OUT/h200_e2e.json" 2>&1 | tee "$OUT/e2e.txt" | tail -30 ;;
     esac
