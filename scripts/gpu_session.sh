@@ -24,6 +24,6 @@ for step in ${STEPS:-tests}; do
                  grep -E "plan:|Duration|Throughput|Stall|Warp Cycles|Issued|Eligible|Active Warps|Registers|Achieved|Theoretical Occ|Block Limit|L2 Hit|Mem Busy|Max Bandwidth" "$OUT/ncu_${spec%%:*}_${spec##*:}.txt" | head -40
              done ;;
         eager) timeout 120 python3 benchmarks/eager_overhead.py --out "$OUT/eager_overhead.json" 2>&1 | tail -12 ;;
-        e2e) timeout "${E2E_TIMEOUT:-400}" python3 benchmarks/bench_e2e.py --out "$OUT/h200_e2e.json" 2>&1 | tee "$OUT/e2e.txt" | tail -30 ;;
+        e2e) timeout "${E2E_TIMEOUT:-400}" python3 benchmarks/bench_e2e.py ${E2E_ARGS:-} --out "$OUT/h200_e2e.json" 2>&1 | tee "$OUT/e2e.txt" | tail -30 ;;
     esac
 done
