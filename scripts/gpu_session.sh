@@ -20,8 +20,9 @@ for step in ${STEPS:-tests}; do
         ncu) for spec in ${NCU_SPECS:-70B.gate_up:1}; do
                  timeout 150 ncu --kernel-name regex:_w4a16 --launch-skip 2 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
                      --section MemoryWorkloadAnalysis --section Occupancy --section SchedulerStats --section LaunchStats \
+                     --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
                      python3 benchmarks/profile_one.py --shape "${spec%%:*}" --m "${spec##*:}" > "$OUT/ncu_${spec%%:*}_${spec##*:}.txt" 2>&1
-                 grep -E "plan:|Duration|Throughput|Stall|Warp Cycles|Issued|Eligible|Active Warps|Registers|Achieved|Theoretical Occ|Block Limit|L2 Hit|Mem Busy|Max Bandwidth" "$OUT/ncu_${spec%%:*}_${spec##*:}.txt" | head -40
+                 grep -E "plan:|Duration|stalled_|Throughput|Stall|Warp Cycles|Issued|Eligible|Active Warps|Registers|Achieved|Theoretical Occ|Block Limit|L2 Hit|Mem Busy|Max Bandwidth" "$OUT/ncu_${spec%%:*}_${spec##*:}.txt" | head -40
              done ;;
         eager) timeout 120 python3 benchmarks/eager_overhead.py --out "$OUT/eager_overhead.json" 2>&1 | tail -12 ;;
         e2e) timeout "${E2E_TIMEOUT:-400}" python3 benchmarks/bench_e2e.py ${E2E_ARGS:-} --out "$OUT/h200_e2e.json" 2>&1 | tee "$OUT/e2e.txt" | tail -30 ;;
