@@ -49,11 +49,9 @@ def candidates(m: int, n: int, k: int, sm_count: int):
         for bn, w, st, operand, maxnreg in ((64, 4, 4, False, None), (128, 4, 4, False, None), (128, 8, 4, False, None),
                                             (256, 8, 3, False, None), (128, 4, 4, False, 128), (256, 8, 3, False, 128),
                                             (256, 8, 4, False, 128), (128, 4, 4, True, None), (128, 4, 3, True, None),
-                                            (256, 8, 4, True, None), (64, 2, 4, True, None),
-                                            # maxnreg=80: the fold fits without spills in these (sm_90, Triton 3.6):
-                                            # 20-24 warps per SM instead of 16 (ncu: the decode loop is latency-bound)
-                                            (128, 4, 4, False, 80), (128, 4, 3, False, 80), (256, 8, 4, False, 80),
-                                            (64, 4, 4, False, 80)):
+                                            (256, 8, 4, True, None), (64, 2, 4, True, None)):
+            # (maxnreg=80 fold configs fit without spills, 20-24 warps per SM: 3-13% slower on every shape at
+            # M = 1 and 16 on the H200, results/logs/h200_tune_m1_m16_maxnreg80.json; not candidates)
             tiles = -(-n // bn) * -(-m // bm)
             for split in splits(tiles):
                 yield ("splitk" if split > 1 else "tiled"), cfg(bn, bm, w, st, split, operand, maxnreg)
