@@ -29,7 +29,7 @@ def main() -> None:
     print(f"{'path':15s} {'M':>4s}  relative error vs float64 (x @ dequantized W)")
     # The tensor-core paths in both scale modes (fold: per group on the fp32 accumulator; operand:
     # dequantized in the MMA operand); the dispatcher picks per shape from the tuned table.
-    for name in ("gemv", "splitk:fold", "splitk:operand", "tiled:fold", "tiled:operand", "dense"):
+    for name in ("gemv", "splitk:fold", "splitk:operand", "streamk:fold", "tiled:fold", "tiled:operand", "dense"):
         path, _, mode = name.partition(":")
         config = {"SCALE_IN_OPERAND": mode == "operand"} if mode else None
         for m in (1, 16, 33):
