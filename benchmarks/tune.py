@@ -45,13 +45,12 @@ def candidates(m: int, n: int, k: int, sm_count: int):
         # Scale in the operand wants 128 weight rows per warpgroup (else the operand is re-laid out
         # through shared memory): BLOCK_N = 128 with 4 warps, 256 with 8 (or 64 on mma.sync, 2 warps).
         # maxnreg=128: the fold at BLOCK_N = 128 / 256 fits in 128 registers without spilling (sm_90,
-        # Triton 3.6), one more CTA per SM than uncapped.
+        # Triton 3.6), one more CTA per SM than uncapped. (maxnreg=80 fold configs also fit, 20-24 warps
+        # per SM, but were 3-13% slower on every shape at M = 1 and 16: results/logs/h200_tune_m1_m16_maxnreg80.json.)
         for bn, w, st, operand, maxnreg in ((64, 4, 4, False, None), (128, 4, 4, False, None), (128, 8, 4, False, None),
                                             (256, 8, 3, False, None), (128, 4, 4, False, 128), (256, 8, 3, False, 128),
                                             (256, 8, 4, False, 128), (128, 4, 4, True, None), (128, 4, 3, True, None),
                                             (256, 8, 4, True, None), (64, 2, 4, True, None)):
-            # (maxnreg=80 fold configs fit without spills, 20-24 warps per SM: 3-13% slower on every shape at
-            # M = 1 and 16 on the H200, results/logs/h200_tune_m1_m16_maxnreg80.json; not candidates)
             tiles = -(-n // bn) * -(-m // bm)
             for split in splits(tiles):
                 yield ("splitk" if split > 1 else "tiled"), cfg(bn, bm, w, st, split, operand, maxnreg)

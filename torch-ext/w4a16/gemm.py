@@ -341,7 +341,7 @@ def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_m
 
 @triton.jit
 def _tile_accumulate(
-    x_ptr, qw_ptr, s_ptr, z_ptr, tile_n, tile_m, block_start, block_end, M, N, K, num_groups, stride_xm,
+    x_ptr, qw_ptr, s_ptr, z_ptr, tile_n, tile_m, block_start, block_end, M, N, K, stride_xm,
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
@@ -352,6 +352,7 @@ def _tile_accumulate(
     offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_mask = offs_n < N
     m_mask = offs_m < M
+    num_groups = K // GROUP_SIZE
     FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
     X_ROWS: tl.constexpr = 128 if SCALE_IN_OPERAND else FOLD_ROWS
     offs_xk = tl.arange(0, X_ROWS)
@@ -401,7 +402,7 @@ def _tile_accumulate(
 @triton.jit
 def _w4a16_tc_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr,
-    M, N, K, num_groups, stride_xm, stride_ym,
+    M, N, K, stride_xm, stride_ym,
     GROUP_SIZE: tl.constexpr,
     FOLD_SUBS: tl.constexpr,  # 16-row slices per scale fold: min(G, 128) / 16 (8 for per-channel)
     SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
@@ -412,7 +413,8 @@ def _w4a16_tc_kernel(
 
     Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), SPLIT_K). Each program owns the y^T tile
     [BLOCK_N, BLOCK_M] (weights on the wide side of the MMA, tokens on the narrow side) and the
-    128-row blocks of its split. Per block it loads one int32 tile [BLOCK_N, 16] and unpacks it
+    128-row blocks of its split. Per block it loads the [BLOCK_N, 16] words of its rows (whole 4 KB tiles of
+    qweight [ceil(N/64), ceil(K/128), 64, 16] when BLOCK_N is a multiple of 64) and unpacks them
     (`_unpack_slices`: two weights per shift + and-or) into the eight 16-row slices as [BLOCK_N, 16]
     matrices of C + q, exact in DOT_DTYPE. Slices are concatenated along K (join / permute / reshape:
     register relabelling, no data movement) into one dot operand. Two ways to apply scale and zero:
@@ -424,13 +426,13 @@ def _w4a16_tc_kernel(
       acc += s * dot - s * (z + C) * sum_k x (exact in fp32 for any zero) after every group.
 
     Assumes BLOCK_M >= 16, x and y unit-stride along their last dim, qweight / scales / zeros
-    contiguous, MAGIC_PAIR = the magic bits of x's dtype in both 16-bit halves. The weight and x^T
+    contiguous (scales / zeros [K/G, N]; num_groups K / GROUP_SIZE is derived, G divides K), MAGIC_PAIR = the magic bits of x's dtype in both 16-bit halves. The weight and x^T
     tiles are only used by the dot, which lets Triton's software pipeliner stream both with
     asynchronous copies.
     """
     block_start, block_end = _split_range(tl.cdiv(K, 128), SPLIT_K)
     acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
-        x_ptr, qw_ptr, s_ptr, z_ptr, tl.program_id(0), tl.program_id(1), block_start, block_end, M, N, K, num_groups, stride_xm,
+        x_ptr, qw_ptr, s_ptr, z_ptr, tl.program_id(0), tl.program_id(1), block_start, block_end, M, N, K, stride_xm,
         GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N, BLOCK_M, EVEN_K,
     )
     _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
@@ -439,7 +441,7 @@ def _w4a16_tc_kernel(
 @triton.jit
 def _w4a16_streamk_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr,
-    M, N, K, num_groups, stride_xm, stride_ym,
+    M, N, K, stride_xm, stride_ym,
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
@@ -470,7 +472,7 @@ def _w4a16_streamk_kernel(
         block_start = unit - tile * kb
         block_end = tl.minimum(kb, block_start + (end - unit))
         acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
-            x_ptr, qw_ptr, s_ptr, z_ptr, tile % tiles_n, tile // tiles_n, block_start, block_end, M, N, K, num_groups, stride_xm,
+            x_ptr, qw_ptr, s_ptr, z_ptr, tile % tiles_n, tile // tiles_n, block_start, block_end, M, N, K, stride_xm,
             GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N, BLOCK_M, EVEN_K,
         )
         y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
@@ -499,7 +501,7 @@ def _w4a16_streamk_kernel(
 @triton.jit
 def _w4a16_gemv_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr,
-    M, N, K, num_groups, group_size, stride_xm, stride_ym,
+    M, N, K, group_size, stride_xm, stride_ym,
     FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K, IS_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
 ):
@@ -525,6 +527,7 @@ def _w4a16_gemv_kernel(
     x_ptrs = x_ptr + offs_m[None, None, :].to(tl.int64) * stride_xm
     w_mask = n_mask[:, None, None]
     x_mask = m_mask[None, None, :]
+    num_groups = K // group_size
 
     acc3 = tl.zeros((BLOCK_N, 16, BLOCK_M), dtype=tl.float32)
     block_start, block_end = _split_range(tl.cdiv(K, 128), SPLIT_K)
@@ -565,7 +568,7 @@ def _w4a16_gemv_kernel(
 
 @triton.jit
 def _dequantize_kernel(
-    qw_ptr, s_ptr, z_ptr, w_ptr, N, K, num_groups, group_size,
+    qw_ptr, s_ptr, z_ptr, w_ptr, N, K, group_size,
     FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -579,6 +582,7 @@ def _dequantize_kernel(
     block = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
+    num_groups = K // group_size
     w_dtype = w_ptr.dtype.element_ty
     words = tl.load(_weight_words_ptrs(qw_ptr, offs_n, K) + block * _TILE_WORDS, mask=n_mask[:, None], other=0).to(tl.uint32, bitcast=True)
     slices = _unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, w_dtype, w_dtype, BLOCK_N)
@@ -664,7 +668,7 @@ def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, p
             part = lock = y  # unused
     symmetric = zeros is None
     tensors = dict(x_ptr=x2, qw_ptr=qweight, s_ptr=scales, z_ptr=scales if symmetric else zeros, y_ptr=y, part_ptr=part, lock_ptr=lock)
-    ints = dict(M=m, N=n, K=k, num_groups=k // group_size, stride_xm=x2.stride(0), stride_ym=y.stride(0))
+    ints = dict(M=m, N=n, K=k, stride_xm=x2.stride(0), stride_ym=y.stride(0))
     constexprs = dict(FOLD_SUBS=_fold_subs(group_size, in_features), SYMMETRIC=symmetric, BLOCK_N=block_n, BLOCK_M=block_m,
                       EVEN_K=k % K_BLOCK == 0)
     options = dict(num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))
@@ -694,7 +698,7 @@ def dequantize_native(qweight, scales, zeros, in_features: int, group_size: int,
     w = torch.empty((n, in_features), device=qweight.device, dtype=dtype)
     grid = (-(-n // block_n), -(-in_features // K_BLOCK))
     _dequantize_kernel[grid](
-        qweight, scales, scales if zeros is None else zeros, w, n, in_features, in_features // group_size, group_size,
+        qweight, scales, scales if zeros is None else zeros, w, n, in_features, group_size,
         FOLD_SUBS=_fold_subs(group_size, in_features), SYMMETRIC=zeros is None,
         MAGIC_PAIR=_MAGIC_PAIR[dtype], MAGIC_VALUE=_MAGIC_VALUE[dtype], USE_ASM=_use_asm(qweight), BLOCK_N=block_n,
     )
