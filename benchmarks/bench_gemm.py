@@ -23,13 +23,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import timing  # noqa: E402
 
-VARIANTS = {  # name -> (activation dtype, group size, symmetric, act_order)
-    "base": (torch.float16, 128, False, False),
-    "bf16": (torch.bfloat16, 128, False, False),
-    "sym": (torch.float16, 128, True, False),
-    "g64": (torch.float16, 64, False, False),
-    "act_order": (torch.float16, 128, False, True),
-}
+VARIANTS = timing.VARIANTS
 
 
 def torch_int4_weights(n, k, group_size, copies):

@@ -105,6 +105,15 @@ def eager_wall_us(fn, iters: int = 200, repeats: int = 5) -> float:
     return best
 
 
+VARIANTS = {  # weight/activation formats benchmarked and tuned: name -> (activation dtype, group size, symmetric, act_order)
+    "base": (torch.float16, 128, False, False),
+    "bf16": (torch.bfloat16, 128, False, False),
+    "sym": (torch.float16, 128, True, False),
+    "g64": (torch.float16, 64, False, False),
+    "act_order": (torch.float16, 128, False, True),
+}
+
+
 def random_w4_weights(kernel, n: int, k: int, group_size: int, copies: int, symmetric: bool = False,
                       act_order: bool = False, scale_dtype=torch.float16) -> list:
     """`copies` kernel-native W4A16Weight objects with random codes (any int32 pattern is valid)."""

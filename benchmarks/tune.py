@@ -4,8 +4,13 @@
 
 For each shape of shared/bench/shapes.json and each M bucket it times every candidate (path, tile,
 split-K, warps, stages, scale mode) with the benchmark method of timing.py (CUDA graph over rotating weight
-copies, fp16 activations, group 128, asymmetric) and keeps the fastest. Other formats (bf16,
-symmetric, other group sizes, act-order) reuse the table: the bytes and the loop are the same.
+copies, fp16 activations, group 128, asymmetric by default) and keeps the fastest.
+
+    python benchmarks/tune.py --variant bf16 --merge [--m 32,64]
+
+tunes one other format of timing.VARIANTS (bf16, sym, g64) and writes entries carrying its `dtype`,
+`group_size` and `symmetric`, which the dispatcher prefers for that format and exactly those M buckets;
+every other format and bucket uses the base entries.
 """
 
 from __future__ import annotations
@@ -93,14 +98,19 @@ def main() -> None:
     ap.add_argument("--m", default=",".join(map(str, M_BUCKETS)))
     ap.add_argument("--shapes", default="", help="comma list of shape names (default: all)")
     ap.add_argument("--log", default="", help="write every timing here (JSON)")
-    ap.add_argument("--merge", action="store_true", help="keep the --out table's entries for (N, K, M) not tuned now")
+    ap.add_argument("--merge", action="store_true", help="keep the --out table's entries for (N, K, M, format) not tuned now")
+    ap.add_argument("--variant", default="base", choices=[v for v in timing.VARIANTS if v != "act_order"],
+                    help="format to tune (act-order runs the base format's kernel on permuted x)")
     args = ap.parse_args()
 
     kernel = timing.load_kernel()
     info = timing.machine_info()
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     shapes = timing.load_shapes()
-    group_size = shapes.get("group_size", 128)
+    table_group_size = shapes.get("group_size", 128)
+    dtype, group_size, symmetric, _ = timing.VARIANTS[args.variant]
+    # entries of a format other than the table's base carry it (dispatch.load_tuned_table)
+    fmt = {} if args.variant == "base" else {"dtype": str(dtype).replace("torch.", ""), "group_size": group_size, "symmetric": symmetric}
     wanted = set(filter(None, args.shapes.split(",")))
     ms = [int(v) for v in args.m.split(",")]
     entries, log = [], []
@@ -109,9 +119,10 @@ def main() -> None:
         if wanted and shape["name"] not in wanted:
             continue
         n, k = shape["N"], shape["K"]
-        weights = timing.random_w4_weights(kernel, n, k, group_size, timing.copies_needed(timing.w4_bytes(n, k, 1, group_size)))
+        copies = timing.copies_needed(timing.w4_bytes(n, k, 1, group_size, symmetric))
+        weights = timing.random_w4_weights(kernel, n, k, group_size, copies, symmetric, False, dtype)
         for m in ms:
-            x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
             w0 = weights[0]
             reference = kernel.gemm.w4a16_matmul(x, w0.qweight, w0.scales, w0.zeros, w0.perm, k, group_size, path="dense").float()
             best = None
@@ -119,25 +130,30 @@ def main() -> None:
                 try:
                     us = time_candidate(kernel, weights, x, k, group_size, path, config, reference)
                 except Exception as exc:  # a config that does not compile or fit is skipped, and logged
-                    log.append({"shape": shape["name"], "M": m, "path": path, "config": config, "error": repr(exc)[:300]})
+                    log.append({"shape": shape["name"], "M": m, **fmt, "path": path, "config": config, "error": repr(exc)[:300]})
                     continue
-                log.append({"shape": shape["name"], "M": m, "path": path, "config": config, "us": us})
+                log.append({"shape": shape["name"], "M": m, **fmt, "path": path, "config": config, "us": us})
                 if best is None or us < best[0]:
                     best = (us, path, config)
             if best is None:
                 continue
             us, path, config = best
-            entries.append({"N": n, "K": k, "M": m, "path": path, **config, "us": round(us, 2)})
-            print(f"{shape['name']:12s} M={m:5d} best {path:7s} {config} {us:8.2f} us", flush=True)
+            entries.append({"N": n, "K": k, "M": m, **fmt, "path": path, **config, "us": round(us, 2)})
+            print(f"{shape['name']:12s} {args.variant:5s} M={m:5d} best {path:7s} {config} {us:8.2f} us", flush=True)
         del weights
         torch.cuda.empty_cache()
-        write_table(args, info, group_size, merged(kept, entries), log)
+        write_table(args, info, table_group_size, merged(kept, entries), log)
     print(f"wrote {args.out} ({len(entries)} entries)")
 
 
+def _entry_key(e: dict) -> tuple:
+    """(N, K, M, format): base entries have no format fields."""
+    return e["N"], e["K"], e["M"], e.get("dtype", ""), e.get("group_size", 0), e.get("symmetric", False)
+
+
 def merged(kept: list, entries: list) -> list:
-    new = {(e["N"], e["K"], e["M"]) for e in entries}
-    return sorted([e for e in kept if (e["N"], e["K"], e["M"]) not in new] + entries, key=lambda e: (e["N"], e["K"], e["M"]))
+    new = {_entry_key(e) for e in entries}
+    return sorted([e for e in kept if _entry_key(e) not in new] + entries, key=_entry_key)
 
 
 def write_table(args, info, group_size, entries, log) -> None:

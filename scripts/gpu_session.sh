@@ -12,7 +12,11 @@ for step in ${STEPS:-tests}; do
     case "$step" in
         tests) timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider ${TESTS_ARGS:-tests/} 2>&1 | tee "$OUT/pytest.txt" | tail -25 ;;
         probe) python3 benchmarks/tune.py --shapes "${PROBE_SHAPES:-8B.o,70B.gate_up}" --m "${PROBE_M:-1,4,16,64,1024}" --out "$OUT/tuned_probe.json" --log "$OUT/tune_probe_log.json" 2>&1 | tail -40 ;;
-        tune) timeout "${TUNE_TIMEOUT:-540}" python3 benchmarks/tune.py --merge --shapes "${TUNE_SHAPES:-}" --m "${TUNE_M:-1,2,4,8,16,32,64,128,256,512,1024,4096}" --out torch-ext/w4a16/tuned_nvidia_h200.json --log "$OUT/tune_log.json" 2>&1 | tee "$OUT/tune.txt" | tail -60; cp torch-ext/w4a16/tuned_nvidia_h200.json "$OUT/"
+        # TUNE_SPECS: "variant:M,M,... variant:M,..." (variants of timing.VARIANTS), each run with TUNE_TIMEOUT
+        tune) for spec in ${TUNE_SPECS:-base:${TUNE_M:-1,2,4,8,16,32,64,128,256,512,1024,4096}}; do
+                  timeout "${TUNE_TIMEOUT:-540}" python3 benchmarks/tune.py --merge --variant "${spec%%:*}" --shapes "${TUNE_SHAPES:-}" --m "${spec#*:}" \
+                      --out torch-ext/w4a16/tuned_nvidia_h200.json --log "$OUT/tune_log_${spec%%:*}.json" 2>&1 | tee -a "$OUT/tune.txt" | tail -60
+              done; cp torch-ext/w4a16/tuned_nvidia_h200.json "$OUT/"
               # later steps run with the table this step wrote: say so in their results
               export W4A16_COMMIT="${W4A16_COMMIT:-unknown}+tuned-in-session" ;;
         bench) timeout "${BENCH_TIMEOUT:-420}" python3 benchmarks/bench_gemm.py --m "${BENCH_M:-1,2,4,8,16,32,64,128,256,512,1024,4096}" --variants "${BENCH_VARIANTS:-base}" --merge --out benchmarks/results/h200.json 2>&1 | tee "$OUT/bench.txt" | tail -60; cp benchmarks/results/h200.json "$OUT/" ;;

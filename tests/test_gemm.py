@@ -259,14 +259,25 @@ def test_dispatch_plans(w4a16):
     assert decode.path == "splitk" and decode.config["SPLIT_K"] > 1
     assert dispatch._heuristic(4096, 4096, 4096, 132).path == "dense"
     assert [dispatch.m_bucket(m) for m in (1, 3, 33, 5000)] == [1, 4, 64, 4096]
-    file, table = dispatch.load_tuned_table("NVIDIA H200")
+    file, table, by_format = dispatch.load_tuned_table("NVIDIA H200")
     assert file == "tuned_nvidia_h200.json"
+    # format-specific entries win for their exact M bucket; other buckets and formats use the base rows
+    base_rows = [{"M": 1, "path": "splitk"}, {"M": 16, "path": "tiled"}]
+    bf16 = dispatch.format_key(torch.bfloat16, 128, False)
+    assert bf16 == ("bfloat16", 128, False)
+    own = {(64, 256, bf16): {1: {"M": 1, "path": "streamk"}}}
+    pick = lambda mb, fmt: dispatch.tuned_row({(64, 256): base_rows}, own, mb, 64, 256, fmt)["path"]  # noqa: E731
+    assert pick(1, bf16) == "streamk" and pick(2, bf16) == "tiled" and pick(64, bf16) == "tiled"
+    assert pick(1, dispatch.format_key(torch.float16, 128, False)) == "splitk"
+    assert dispatch.tuned_row({}, own, 1, 32, 256, bf16) is None
+    assert all(len(key) == 3 and set(rows) <= set(dispatch._M_BUCKETS) for key, rows in by_format.items())
     rows = table[(4096, 4096)]
     assert {r["M"] for r in rows} >= {1, 16} and all(r["path"] in dispatch.PATHS for r in rows)
     assert dispatch.load_tuned_table("Some Other GPU") is None
     # every tuned entry names only launch keys the launcher knows, and both scale modes are in use
     known = set(dispatch.CONFIG_KEYS) | {"N", "K", "M", "path", "us"}
     assert all(set(r) <= known for rows in table.values() for r in rows)
+    assert all(set(r) <= known | {"dtype", "group_size", "symmetric"} for rows in by_format.values() for r in rows.values())
     modes = {r.get("SCALE_IN_OPERAND") for rows in table.values() for r in rows if r["path"] in ("splitk", "tiled")}
     assert modes == {True, False}
     # a forced path takes overrides of its launch configuration; anything else is a clear error

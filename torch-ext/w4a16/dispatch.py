@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table"]
+__all__ = ["PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "format_key", "tuned_row"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,19 +58,47 @@ def m_bucket(m: int) -> int:
     return _M_BUCKETS[-1]
 
 
+def format_key(dtype: torch.dtype, group_size: int, symmetric: bool) -> tuple[str, int, bool]:
+    """How tuned entries name a weight format: (activation dtype, group size, symmetric)."""
+    return str(dtype).replace("torch.", ""), group_size, symmetric
+
+
 @functools.lru_cache(maxsize=None)
-def load_tuned_table(device_name: str) -> tuple[str, dict] | None:
-    """The shipped tuned table whose `applies_to` matches this device name, as (file, {(N, K): rows})."""
+def load_tuned_table(device_name: str) -> tuple[str, dict, dict] | None:
+    """The shipped tuned table whose `applies_to` matches this device name, as
+    (file, {(N, K): rows sorted by M}, {(N, K, format_key): {M: row}}).
+
+    Entries without `dtype` / `group_size` / `symmetric` fields were tuned on the table's base
+    format (fp16 activations, the table's `group_size`, asymmetric) and serve every format; entries
+    with them were tuned on that format and take precedence for their exact M bucket.
+    """
     for path in sorted(_TUNED_DIR.glob("tuned_*.json")):
         data = json.loads(path.read_text())
         if any(tag in device_name for tag in data["applies_to"]):
-            table: dict = {}
+            base: dict = {}
+            by_format: dict = {}
             for row in data["entries"]:
-                table.setdefault((row["N"], row["K"]), []).append(row)
-            for rows in table.values():
+                if any(key in row for key in ("dtype", "group_size", "symmetric")):
+                    fmt = (row.get("dtype", "float16"), row.get("group_size", data["group_size"]), row.get("symmetric", False))
+                    by_format.setdefault((row["N"], row["K"], fmt), {})[row["M"]] = row
+                else:
+                    base.setdefault((row["N"], row["K"]), []).append(row)
+            for rows in base.values():
                 rows.sort(key=lambda r: r["M"])
-            return path.name, table
+            return path.name, base, by_format
     return None
+
+
+def tuned_row(table: dict, by_format: dict, mb: int, n: int, k: int, fmt: tuple) -> dict | None:
+    """The tuned entry for M bucket mb of an N x K weight in format fmt (see `load_tuned_table`):
+    the format's own entry for exactly this bucket, else the base entry of the first bucket >= mb
+    (the last one beyond the table), else None (shape not tuned)."""
+    row = by_format.get((n, k, fmt), {}).get(mb)
+    if row is None:
+        rows = table.get((n, k))
+        if rows:
+            row = next((r for r in rows if r["M"] >= mb), rows[-1])
+    return row
 
 
 @functools.lru_cache(maxsize=None)
@@ -139,10 +167,9 @@ def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, d
     name, sm_count = _device_info(device)
     tuned = load_tuned_table(name)
     if tuned is not None:
-        file, table = tuned
-        rows = table.get((n, k))
-        if rows:
-            row = next((r for r in rows if r["M"] >= mb), rows[-1])
+        file, table, by_format = tuned
+        row = tuned_row(table, by_format, mb, n, k, format_key(dtype, group_size, symmetric))
+        if row is not None:
             cfg = {key: row[key] for key in CONFIG_KEYS if key in row}
             plan = Plan(row["path"], cfg, f"tuned:{file}")
         else:

@@ -647,6 +647,7 @@ def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, p
     n = scales.shape[1]
     cfg = plan.config
     device = x2.device
+    stream = current_stream(device)
     y = torch.empty((m, n), device=device, dtype=x2.dtype) if out is None else out
     block_n, block_m = cfg["BLOCK_N"], cfg["BLOCK_M"]
     tiles_n, tiles_m = -(-n // block_n), -(-m // block_m)  # ceil-div (triton.cdiv costs ~3 us from the host)
@@ -657,13 +658,13 @@ def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, p
         if units * programs >= 2**31:
             raise ValueError(f"Stream-K work list too long for int32 arithmetic: PROGRAMS={programs}, M={m}, N={n}, K={k}")
         grid = (programs,)
-        part, lock = split_k_scratch(device, current_stream(device), tiles_n * tiles_m, programs * 2 * block_n * block_m)
+        part, lock = split_k_scratch(device, stream, tiles_n * tiles_m, programs * 2 * block_n * block_m)
     else:
         grid = (tiles_n, tiles_m, split_k)
         if split_k > 1:
             if split_k * m * n >= 2**31:
                 raise ValueError(f"split-K workspace too large for int32 offsets: SPLIT_K={split_k}, M={m}, N={n}")
-            part, lock = split_k_scratch(device, current_stream(device), tiles_n * tiles_m, split_k * m * n)
+            part, lock = split_k_scratch(device, stream, tiles_n * tiles_m, split_k * m * n)
         else:
             part = lock = y  # unused
     symmetric = zeros is None
@@ -676,7 +677,7 @@ def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, p
         options["maxnreg"] = cfg["maxnreg"]
     if plan.path == "gemv":
         launch(_w4a16_gemv_kernel, grid, tensors, dict(ints, group_size=group_size, SPLIT_K=split_k),
-               dict(constexprs, IS_SPLIT=split_k > 1), options)
+               dict(constexprs, IS_SPLIT=split_k > 1), options, stream)
         return y
     tensor_core = dict(
         constexprs, GROUP_SIZE=group_size, SCALE_IN_OPERAND=cfg.get("SCALE_IN_OPERAND", False),
@@ -686,9 +687,9 @@ def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, p
         DOT_DTYPE=tl.float32 if (device.type == "cpu" and x2.dtype == torch.bfloat16) else _TL_DTYPE[x2.dtype],
     )
     if plan.path == "streamk":
-        launch(_w4a16_streamk_kernel, grid, tensors, ints, tensor_core, options)
+        launch(_w4a16_streamk_kernel, grid, tensors, ints, tensor_core, options, stream)
     else:
-        launch(_w4a16_tc_kernel, grid, tensors, dict(ints, SPLIT_K=split_k), dict(tensor_core, IS_SPLIT=split_k > 1), options)
+        launch(_w4a16_tc_kernel, grid, tensors, dict(ints, SPLIT_K=split_k), dict(tensor_core, IS_SPLIT=split_k > 1), options, stream)
     return y
 
 

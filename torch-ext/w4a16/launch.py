@@ -71,29 +71,33 @@ def _int_specialization(value: int) -> tuple:
     return -(2**31) <= value < 2**31, value == 1, value % 16 == 0
 
 
-def launch(kernel, grid: tuple, tensors: dict, ints: dict, constexprs: dict, options: dict) -> None:
+def launch(kernel, grid: tuple, tensors: dict, ints: dict, constexprs: dict, options: dict, stream: int | None = None) -> None:
     """kernel[grid](**tensors, **ints, **constexprs, **options), skipping Triton's per-call dispatch
-    on repeat launches.
+    on repeat launches. `stream`: the raw current stream of the tensors' device, if the caller has it.
 
     The first launch of each specialisation (constexpr values, options, tensor dtypes and 16-byte
     alignment, int width / == 1 / divisibility by 16) goes through Triton, compiling if needed, and
     keeps the compiled kernel; later ones call its launcher directly with the arguments, stream and
-    hooks Triton would pass. Off NVIDIA GPUs, under the interpreter, or on other Triton versions:
-    Triton's own path every time.
+    hooks Triton would pass. Tensors reach that launcher as their addresses (ints): given a tensor
+    it would call `data_ptr()` and ask the driver to validate the address, per tensor per call,
+    which the caller's device check (`validate_gemm_inputs`) already covers. Off NVIDIA GPUs, under
+    the interpreter, or on other Triton versions: Triton's own path every time.
     """
     device = next(iter(tensors.values())).device
     if not (_fast_launch and device.type == "cuda"):
         kernel[grid](**tensors, **ints, **constexprs, **options)
         return
-    key = (kernel, device, *options.items(), *constexprs.values(),
-           *((t.dtype, t.data_ptr() % 16 == 0) for t in tensors.values()), *(_int_specialization(v) for v in ints.values()))
+    addresses = [t.data_ptr() for t in tensors.values()]
+    key = (kernel, device, *options.items(), *constexprs.values(), *(t.dtype for t in tensors.values()),
+           *(a % 16 == 0 for a in addresses), *(_int_specialization(v) for v in ints.values()))
     compiled = _compiled.get(key)
     if compiled is None:
         _compiled[key] = kernel[grid](**tensors, **ints, **constexprs, **options)
         return
-    params = {**tensors, **ints, **constexprs}
+    params = {**dict(zip(tensors, addresses)), **ints, **constexprs}
     args = [params[name] for name in kernel.arg_names]
-    stream = current_stream(device)
+    if stream is None:
+        stream = current_stream(device)
     knobs = triton.knobs.runtime
     grid_x, grid_y, grid_z = (*grid, 1, 1)[:3]  # a 1-D grid (Stream-K) is (P, 1, 1) to the launcher
     compiled.run(grid_x, grid_y, grid_z, stream, compiled.function, compiled.packed_metadata,
