@@ -3,7 +3,7 @@ of the call stack, on 6144 x 4096 (run on the GPU).
 
     python benchmarks/eager_overhead.py [--out results.json]
 
-Each line times a loop of calls with one synchronisation at the end (timing.eager_wall_us), so a
+Each line times loops of calls with one synchronisation at the end (timing.eager_wall_us), so a
 line is max(host time, GPU time) per call; the differences between lines locate the host cost.
 """
 
@@ -26,6 +26,7 @@ def main() -> None:
     ap.add_argument("--out", default="")
     ap.add_argument("--n", type=int, default=6144)
     ap.add_argument("--k", type=int, default=4096)
+    ap.add_argument("--rounds", type=int, default=20)
     args = ap.parse_args()
     kernel = timing.load_kernel()
     n, k, g = args.n, args.k, 128
@@ -46,10 +47,16 @@ def main() -> None:
         "plan_gemm": lambda: kernel.plan_gemm(1, n, k, g, x.dtype, x.device),
         "torch.empty([1, N])": lambda: torch.empty((1, n), device="cuda", dtype=torch.float16),
     }
+    # Rounds interleave the calls (one loop of each per round) and each keeps its best loop: the
+    # host's speed drifts over seconds (earlier runs timed each call's loops back to back and saw
+    # the same call 20 us apart from one run to the next).
+    best = {name: float("inf") for name in calls}
+    for _ in range(args.rounds):
+        for name, fn in calls.items():
+            best[name] = min(best[name], timing.eager_wall_us(fn, iters=100, repeats=1))
     rows = []
-    print(f"eager wall time per call, M=1, {n}x{k}, plan: {plan}")
-    for name, fn in calls.items():
-        us = timing.eager_wall_us(fn)
+    print(f"eager wall time per call, M=1, {n}x{k}, plan: {plan}; best of {args.rounds} interleaved rounds of 100 calls")
+    for name, us in best.items():
         rows.append({"call": name, "us": round(us, 2)})
         print(f"  {name:42s} {us:8.2f} us")
     if args.out:
