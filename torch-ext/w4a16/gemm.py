@@ -37,12 +37,14 @@ then resets the counter to zero (so `launch.split_k_scratch` can hand the same c
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from .dispatch import Plan, plan_gemm
-from .launch import current_stream, launch, split_k_scratch
+from .launch import PreparedLaunch, current_stream, split_k_scratch
 from .layout import K_BLOCK, N_TILE, native_qweight_shape, unpack_int4_tiled_striped
 from .quantize import apply_group_params, validate_group_size
 
@@ -629,9 +631,9 @@ def validate_gemm_inputs(x, qweight, scales, zeros, perm, in_features: int, grou
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}: all tensors must be on one device")
 
 
-def _use_asm(t: torch.Tensor) -> bool:
+def _use_asm(device_type: str) -> bool:
     """PTX inline assembly only on NVIDIA GPUs (not on AMD, not in Triton's CPU interpreter)."""
-    return t.device.type == "cuda" and torch.version.hip is None
+    return device_type == "cuda" and torch.version.hip is None
 
 
 def _fold_subs(group_size: int, in_features: int) -> int:
@@ -641,55 +643,94 @@ def _fold_subs(group_size: int, in_features: int) -> int:
     return group_size // 16
 
 
+@dataclass(frozen=True)
+class _MatmulLaunch:
+    """What one plan needs at launch time, made once per (plan, format): the kernel prepared with
+    its constexprs and options, and the tiling that sets the grid and the split-K scratch."""
+
+    path: str
+    block_n: int
+    block_m: int
+    split_k: int
+    programs: int  # Stream-K programs (0 for the other paths)
+    kernel: PreparedLaunch
+
+
+_TENSOR_ARGS = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr")
+_launch_by_plan: dict = {}  # id(plan) -> (plan, format, _MatmulLaunch), for the dispatcher's memoised plans
+
+
+def _matmul_launch(plan: Plan, dtype: torch.dtype, device_type: str, symmetric: bool, in_features: int, group_size: int) -> _MatmulLaunch:
+    """The prepared launch of `plan` for this format: built on a plan's first call, then looked up
+    (a forced plan, made afresh per call by tests and benchmarks, is prepared afresh too)."""
+    fmt = (dtype, device_type, symmetric, in_features, group_size)
+    entry = _launch_by_plan.get(id(plan))
+    if entry is not None and entry[0] is plan and entry[1] == fmt:
+        return entry[2]
+    prepared = _prepare_matmul_launch(plan, *fmt)
+    if plan.source != "forced":
+        _launch_by_plan[id(plan)] = (plan, fmt, prepared)
+    return prepared
+
+
+def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_features, group_size) -> _MatmulLaunch:
+    cfg = plan.config
+    block_n, block_m, split_k = cfg["BLOCK_N"], cfg["BLOCK_M"], cfg.get("SPLIT_K", 1)
+    constexprs = dict(FOLD_SUBS=_fold_subs(group_size, in_features), SYMMETRIC=symmetric, BLOCK_N=block_n, BLOCK_M=block_m,
+                      EVEN_K=in_features % K_BLOCK == 0)
+    options = dict(num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))
+    if cfg.get("maxnreg"):  # a register cap buys occupancy (more CTAs per SM) where it does not spill
+        options["maxnreg"] = cfg["maxnreg"]
+    ints = ("M", "N", "K", "stride_xm", "stride_ym")
+    if plan.path == "gemv":
+        kernel = PreparedLaunch(_w4a16_gemv_kernel, dict(constexprs, IS_SPLIT=split_k > 1), options, _TENSOR_ARGS,
+                                ints + ("group_size", "SPLIT_K"))
+        return _MatmulLaunch(plan.path, block_n, block_m, split_k, 0, kernel)
+    tensor_core = dict(
+        constexprs, GROUP_SIZE=group_size, SCALE_IN_OPERAND=cfg.get("SCALE_IN_OPERAND", False),
+        MAGIC_PAIR=_MAGIC_PAIR[dtype], MAGIC_VALUE=_MAGIC_VALUE[dtype], USE_ASM=_use_asm(device_type),
+        # Triton's CPU interpreter multiplies bf16 dot operands as raw bits: give it fp32 (exact
+        # for C + q and for bf16 activations); the GPU always runs the bf16 MMA.
+        DOT_DTYPE=tl.float32 if (device_type == "cpu" and dtype == torch.bfloat16) else _TL_DTYPE[dtype],
+    )
+    if plan.path == "streamk":
+        kernel = PreparedLaunch(_w4a16_streamk_kernel, tensor_core, options, _TENSOR_ARGS, ints)
+        return _MatmulLaunch(plan.path, block_n, block_m, 1, cfg["PROGRAMS"], kernel)
+    kernel = PreparedLaunch(_w4a16_tc_kernel, dict(tensor_core, IS_SPLIT=split_k > 1), options, _TENSOR_ARGS, ints + ("SPLIT_K",))
+    return _MatmulLaunch(plan.path, block_n, block_m, split_k, 0, kernel)
+
+
 def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out=None) -> torch.Tensor:
     """Launch the GEMV, tensor-core or Stream-K kernel of `plan` on x2 [M, K] (already permuted for act-order)."""
     m, k = x2.shape
     n = scales.shape[1]
-    cfg = plan.config
     device = x2.device
-    stream = current_stream(device)
+    run = _matmul_launch(plan, x2.dtype, device.type, zeros is None, in_features, group_size)
     y = torch.empty((m, n), device=device, dtype=x2.dtype) if out is None else out
-    block_n, block_m = cfg["BLOCK_N"], cfg["BLOCK_M"]
-    tiles_n, tiles_m = -(-n // block_n), -(-m // block_m)  # ceil-div (triton.cdiv costs ~3 us from the host)
-    split_k = cfg.get("SPLIT_K", 1)
-    if plan.path == "streamk":
-        units = tiles_n * tiles_m * -(-k // K_BLOCK)
-        programs = min(cfg["PROGRAMS"], units)  # every program gets >= 1 unit (the reduction counts on it)
+    tiles = -(-n // run.block_n) * -(-m // run.block_m)  # ceil-divs (triton.cdiv costs ~3 us from the host)
+    stream = current_stream(device)
+    if run.path == "streamk":
+        units = tiles * -(-k // K_BLOCK)
+        programs = min(run.programs, units)  # every program gets >= 1 unit (the reduction counts on it)
         if units * programs >= 2**31:
             raise ValueError(f"Stream-K work list too long for int32 arithmetic: PROGRAMS={programs}, M={m}, N={n}, K={k}")
         grid = (programs,)
-        part, lock = split_k_scratch(device, stream, tiles_n * tiles_m, programs * 2 * block_n * block_m)
+        part, lock = split_k_scratch(device, stream, tiles, programs * 2 * run.block_n * run.block_m)
     else:
-        grid = (tiles_n, tiles_m, split_k)
-        if split_k > 1:
-            if split_k * m * n >= 2**31:
-                raise ValueError(f"split-K workspace too large for int32 offsets: SPLIT_K={split_k}, M={m}, N={n}")
-            part, lock = split_k_scratch(device, stream, tiles_n * tiles_m, split_k * m * n)
+        grid = (-(-n // run.block_n), -(-m // run.block_m), run.split_k)
+        if run.split_k > 1:
+            if run.split_k * m * n >= 2**31:
+                raise ValueError(f"split-K workspace too large for int32 offsets: SPLIT_K={run.split_k}, M={m}, N={n}")
+            part, lock = split_k_scratch(device, stream, tiles, run.split_k * m * n)
         else:
             part = lock = y  # unused
-    symmetric = zeros is None
-    tensors = dict(x_ptr=x2, qw_ptr=qweight, s_ptr=scales, z_ptr=scales if symmetric else zeros, y_ptr=y, part_ptr=part, lock_ptr=lock)
-    ints = dict(M=m, N=n, K=k, stride_xm=x2.stride(0), stride_ym=y.stride(0))
-    constexprs = dict(FOLD_SUBS=_fold_subs(group_size, in_features), SYMMETRIC=symmetric, BLOCK_N=block_n, BLOCK_M=block_m,
-                      EVEN_K=k % K_BLOCK == 0)
-    options = dict(num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))
-    if cfg.get("maxnreg"):  # a register cap buys occupancy (more CTAs per SM) where it does not spill
-        options["maxnreg"] = cfg["maxnreg"]
-    if plan.path == "gemv":
-        launch(_w4a16_gemv_kernel, grid, tensors, dict(ints, group_size=group_size, SPLIT_K=split_k),
-               dict(constexprs, IS_SPLIT=split_k > 1), options, stream)
-        return y
-    tensor_core = dict(
-        constexprs, GROUP_SIZE=group_size, SCALE_IN_OPERAND=cfg.get("SCALE_IN_OPERAND", False),
-        MAGIC_PAIR=_MAGIC_PAIR[x2.dtype], MAGIC_VALUE=_MAGIC_VALUE[x2.dtype], USE_ASM=_use_asm(x2),
-        # Triton's CPU interpreter multiplies bf16 dot operands as raw bits: give it fp32 (exact
-        # for C + q and for bf16 activations); the GPU always runs the bf16 MMA.
-        DOT_DTYPE=tl.float32 if (device.type == "cpu" and x2.dtype == torch.bfloat16) else _TL_DTYPE[x2.dtype],
-    )
-    if plan.path == "streamk":
-        launch(_w4a16_streamk_kernel, grid, tensors, ints, tensor_core, options, stream)
-    else:
-        launch(_w4a16_tc_kernel, grid, tensors, dict(ints, SPLIT_K=split_k), dict(tensor_core, IS_SPLIT=split_k > 1), options, stream)
+    tensors = (x2, qweight, scales, scales if zeros is None else zeros, y, part, lock)
+    ints = (m, n, k, x2.stride(0), y.stride(0))
+    if run.path == "gemv":
+        ints += (group_size, run.split_k)
+    elif run.path != "streamk":
+        ints += (run.split_k,)
+    run.kernel(grid, tensors, ints, stream)
     return y
 
 
@@ -701,7 +742,7 @@ def dequantize_native(qweight, scales, zeros, in_features: int, group_size: int,
     _dequantize_kernel[grid](
         qweight, scales, scales if zeros is None else zeros, w, n, in_features, group_size,
         FOLD_SUBS=_fold_subs(group_size, in_features), SYMMETRIC=zeros is None,
-        MAGIC_PAIR=_MAGIC_PAIR[dtype], MAGIC_VALUE=_MAGIC_VALUE[dtype], USE_ASM=_use_asm(qweight), BLOCK_N=block_n,
+        MAGIC_PAIR=_MAGIC_PAIR[dtype], MAGIC_VALUE=_MAGIC_VALUE[dtype], USE_ASM=_use_asm(qweight.device.type), BLOCK_N=block_n,
     )
     return w
 

@@ -3,7 +3,8 @@ fast path. No kernels here; nothing here changes what a kernel computes.
 
 - `split_k_scratch`: the fp32 partial-sum workspace and the zeroed arrival counters a split-K launch
   needs, cached per (device, stream) so that a call allocates nothing and runs no memset.
-- `launch`: `kernel[grid](...)` that skips Triton's per-call dispatch on repeat launches (NVIDIA, the
+- `PreparedLaunch`: a kernel with its constexprs and options fixed once; a call launches it with
+  this call's tensors and ints, skipping Triton's per-call dispatch on repeat launches (NVIDIA, the
   Triton versions it mirrors); everywhere else Triton's own path.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import torch
 import triton
 
-__all__ = ["COUNTER_SLOT", "split_k_scratch", "current_stream", "launch"]
+__all__ = ["COUNTER_SLOT", "split_k_scratch", "current_stream", "PreparedLaunch"]
 
 
 COUNTER_SLOT = 16384  # split-K tiles per stream (N / BLOCK_N * M / BLOCK_M; 57344 / 64 * 4 = 3584)
@@ -63,42 +64,52 @@ def current_stream(device: torch.device) -> int:
 # Checked on NVIDIA only (ROCm builds of torch also report device type "cuda": they take Triton's path).
 _FAST_LAUNCH_TRITON = ("3.6.",)
 _fast_launch = triton.__version__.startswith(_FAST_LAUNCH_TRITON) and torch.version.hip is None
-_compiled: dict = {}
 
 
-def _int_specialization(value: int) -> tuple:
-    """What Triton specialises a run-time int on: its width, == 1, divisibility by 16."""
-    return -(2**31) <= value < 2**31, value == 1, value % 16 == 0
+class PreparedLaunch:
+    """One Triton kernel with its constexprs and launch options fixed (made once per plan and format):
+    calling it launches the kernel on a grid with this call's tensors and run-time ints.
 
-
-def launch(kernel, grid: tuple, tensors: dict, ints: dict, constexprs: dict, options: dict, stream: int | None = None) -> None:
-    """kernel[grid](**tensors, **ints, **constexprs, **options), skipping Triton's per-call dispatch
-    on repeat launches. `stream`: the raw current stream of the tensors' device, if the caller has it.
-
-    The first launch of each specialisation (constexpr values, options, tensor dtypes and 16-byte
-    alignment, int width / == 1 / divisibility by 16) goes through Triton, compiling if needed, and
-    keeps the compiled kernel; later ones call its launcher directly with the arguments, stream and
-    hooks Triton would pass. Tensors reach that launcher as their addresses (ints): given a tensor
-    it would call `data_ptr()` and ask the driver to validate the address, per tensor per call,
-    which the caller's device check (`validate_gemm_inputs`) already covers. Off NVIDIA GPUs, under
-    the interpreter, or on other Triton versions: Triton's own path every time.
+    `tensor_names` / `int_names` name the kernel parameters that the call passes by position. The
+    first launch of each specialisation (device; tensor dtypes and 16-byte alignment; each int's width,
+    == 1 and divisibility by 16: what Triton specialises on) goes through `kernel[grid](...)`,
+    compiling if needed, and keeps the compiled kernel; later ones fill a pre-ordered argument list
+    and call its launcher directly with the stream and hooks Triton would pass. Tensors reach the
+    launcher as their addresses: given tensors it would call `data_ptr()` and ask the driver to
+    validate each address per call, which the caller's device check (`validate_gemm_inputs`)
+    covers. Off NVIDIA GPUs, under the interpreter, or on other Triton versions: Triton's own path.
     """
-    device = next(iter(tensors.values())).device
-    if not (_fast_launch and device.type == "cuda"):
-        kernel[grid](**tensors, **ints, **constexprs, **options)
-        return
-    addresses = [t.data_ptr() for t in tensors.values()]
-    key = (kernel, device, *options.items(), *constexprs.values(), *(t.dtype for t in tensors.values()),
-           *(a % 16 == 0 for a in addresses), *(_int_specialization(v) for v in ints.values()))
-    compiled = _compiled.get(key)
-    if compiled is None:
-        _compiled[key] = kernel[grid](**tensors, **ints, **constexprs, **options)
-        return
-    params = {**dict(zip(tensors, addresses)), **ints, **constexprs}
-    args = [params[name] for name in kernel.arg_names]
-    if stream is None:
-        stream = current_stream(device)
-    knobs = triton.knobs.runtime
-    grid_x, grid_y, grid_z = (*grid, 1, 1)[:3]  # a 1-D grid (Stream-K) is (P, 1, 1) to the launcher
-    compiled.run(grid_x, grid_y, grid_z, stream, compiled.function, compiled.packed_metadata,
-                 compiled.launch_metadata(grid, stream, *args), knobs.launch_enter_hook, knobs.launch_exit_hook, *args)
+
+    def __init__(self, kernel, constexprs: dict, options: dict, tensor_names: tuple, int_names: tuple):
+        self.kernel, self.constexprs, self.options = kernel, constexprs, options
+        self.tensor_names, self.int_names = tensor_names, int_names
+        names = list(kernel.arg_names)
+        self._template = [constexprs.get(name) for name in names]  # constexpr slots filled once
+        self._tensor_slots = [names.index(name) for name in tensor_names]
+        self._int_slots = [names.index(name) for name in int_names]
+        self._compiled: dict = {}
+
+    def __call__(self, grid: tuple, tensors: tuple, ints: tuple, stream: int) -> None:
+        if not (_fast_launch and tensors[0].is_cuda):
+            self._launch_through_triton(grid, tensors, ints)
+            return
+        addresses = [t.data_ptr() for t in tensors]
+        spec = (tensors[0].get_device(), *[t.dtype for t in tensors], *[a % 16 == 0 for a in addresses],
+                *[(-(2**31) <= v < 2**31, v == 1, v % 16 == 0) for v in ints])
+        compiled = self._compiled.get(spec)
+        if compiled is None:
+            self._compiled[spec] = self._launch_through_triton(grid, tensors, ints)
+            return
+        args = self._template.copy()
+        for slot, address in zip(self._tensor_slots, addresses):
+            args[slot] = address
+        for slot, value in zip(self._int_slots, ints):
+            args[slot] = value
+        knobs = triton.knobs.runtime
+        grid_x, grid_y, grid_z = (*grid, 1, 1)[:3]  # a 1-D grid (Stream-K) is (P, 1, 1) to the launcher
+        compiled.run(grid_x, grid_y, grid_z, stream, compiled.function, compiled.packed_metadata,
+                     compiled.launch_metadata(grid, stream, *args), knobs.launch_enter_hook, knobs.launch_exit_hook, *args)
+
+    def _launch_through_triton(self, grid: tuple, tensors: tuple, ints: tuple):
+        return self.kernel[grid](**dict(zip(self.tensor_names, tensors)), **dict(zip(self.int_names, ints)),
+                                 **self.constexprs, **self.options)
