@@ -33,12 +33,14 @@ def main() -> None:
     weight = timing.random_w4_weights(kernel, n, k, g, 1)[0]
     x = torch.randn(1, k, device="cuda", dtype=torch.float16)
     w16 = torch.randn(n, k, device="cuda", dtype=torch.float16)
+    layer = kernel.W4A16Linear.from_weight(weight, dtype=torch.float16)
     gemm = kernel.gemm
     plan = kernel.plan_for(weight, 1)
     x2 = x.reshape(-1, k)
     args_op = (x, weight.qweight, weight.scales, weight.zeros, weight.perm, k, g)
     calls = {
         "fp16 F.linear": lambda: F.linear(x, w16),
+        "W4A16Linear forward (module)": lambda: layer(x),
         "w4a16_linear (eager API)": lambda: kernel.w4a16_linear(x, weight),
         "ops.gemm (custom op dispatch)": lambda: kernel.ops.gemm(*args_op, "auto", False),
         "w4a16_matmul (validate + plan + launch)": lambda: gemm.w4a16_matmul(*args_op),

@@ -246,6 +246,21 @@ def test_bad_inputs_raise_clear_errors(w4a16):
         w4a16.gemm.w4a16_matmul(x, weight.qweight.to(torch.int64), weight.scales, weight.zeros, None, 256, 128)
     with pytest.raises(ValueError, match="scales must be a float tensor of shape"):
         w4a16.gemm.w4a16_matmul(x, weight.qweight, weight.scales[0], weight.zeros, None, 256, 128)
+    with pytest.raises(ValueError, match="scales is on meta but qweight is on cpu"):
+        w4a16.gemm.w4a16_matmul(x, weight.qweight, weight.scales.to("meta"), weight.zeros, None, 256, 128)
+    # a W4A16Weight checks its tensors when it is made (calls on it then check x only)
+    fields = dict(qweight=weight.qweight, scales=weight.scales, zeros=weight.zeros, perm=None, in_features=256,
+                  out_features=32, group_size=128)
+    with pytest.raises(ValueError, match=r"qweight must have shape .* = \[1, 2, 64, 16\]"):
+        w4a16.W4A16Weight(**dict(fields, qweight=row_major))
+    with pytest.raises(ValueError, match=r"zeros must be None or a float tensor of shape \[K/G, N\] = \(2, 32\)"):
+        w4a16.W4A16Weight(**dict(fields, zeros=weight.zeros[:, :16]))
+    with pytest.raises(ValueError, match="perm must be None or an int64 tensor"):
+        w4a16.W4A16Weight(**dict(fields, perm=torch.arange(256, dtype=torch.int32)))
+    with pytest.raises(ValueError, match="out_features=31 must equal scales.shape"):
+        w4a16.W4A16Weight(**dict(fields, out_features=31))
+    with pytest.raises(ValueError, match="effective group size"):
+        w4a16.W4A16Weight(**dict(fields, scales=weight.scales[:1], zeros=weight.zeros[:1], group_size=-1))
 
 
 @pytest.mark.kernels_ci

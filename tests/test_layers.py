@@ -149,6 +149,27 @@ def _make(w4a16, device, symmetric, act_order, bias):
 
 
 @pytest.mark.kernels_ci
+def test_forward_follows_buffer_updates(w4a16, device):
+    """The forward keeps its weight view between calls: updates in place (load_state_dict), buffers
+    replaced by assignment and dtype moves must all reach the next call."""
+    layer = _make(w4a16, device, symmetric=False, act_order=False, bias=True)
+    other = w4a16.layers.W4A16Linear.from_linear(_linear(seed=7, device=device), group_size=G)
+    x = torch.randn((3, K), device=device, dtype=torch.float16)
+    _assert_close_to_reference(layer(x), _reference(layer, x), torch.float16)  # view kept from here on
+    layer.load_state_dict(other.state_dict())  # in place: same tensor objects, new values
+    _assert_close_to_reference(layer(x), _reference(other, x), torch.float16)
+    layer.scales = layer.scales * 2  # a new buffer tensor
+    y = layer(x)
+    ref = _reference(layer, x)
+    assert torch.allclose(ref - other.bias.to(torch.float64), 2 * (_reference(other, x) - other.bias.to(torch.float64)))
+    _assert_close_to_reference(y, ref, torch.float16)
+    layer.to(torch.bfloat16)  # scales, zeros and bias move to new bf16 tensors
+    xb = x.to(torch.bfloat16)
+    assert layer.weight_view().scales.dtype == torch.bfloat16
+    _assert_close_to_reference(layer(xb), _reference(layer, xb), torch.bfloat16)
+
+
+@pytest.mark.kernels_ci
 @pytest.mark.parametrize("symmetric,act_order,bias", FORMATS, ids=["asym", "sym-nobias", "act-order"])
 def test_state_dict_round_trip(w4a16, device, tmp_path, symmetric, act_order, bias):
     from safetensors.torch import load_file, save_file

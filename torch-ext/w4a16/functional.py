@@ -12,7 +12,7 @@ import torch
 
 from ._ops import ops
 from .dispatch import Plan, plan_gemm
-from .gemm import w4a16_matmul
+from .gemm import matmul_weight
 from .layout import W4A16Weight, prepare_weight
 
 __all__ = ["w4a16_linear", "w4a16_gemm", "plan_for", "check_layer", "LayerCheck"]
@@ -31,10 +31,13 @@ def w4a16_linear(
     `path` forces a kernel ("gemv", "splitk", "streamk", "tiled", "dense", "reference"); `strict=True` raises
     instead of falling back to an untuned configuration (see dispatch.py).
     """
-    args = (x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features, weight.group_size, path, strict)
-    # Eagerly, call the function the op wraps: the dispatcher round trip of a custom op costs tens of
-    # microseconds per call, as much as the whole GEMM of a small layer. torch.compile sees the op.
-    y = ops.gemm(*args) if torch.compiler.is_compiling() else w4a16_matmul(*args)
+    # Eagerly, skip the op: the dispatcher round trip of a custom op costs tens of microseconds per
+    # call, as much as the whole GEMM of a small layer, and the weight's tensors were checked when it
+    # was made (`matmul_weight` checks x only). torch.compile sees the op.
+    if torch.compiler.is_compiling():
+        y = ops.gemm(x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features, weight.group_size, path, strict)
+    else:
+        y = matmul_weight(x, weight, path, strict)
     return y if bias is None else y + bias.to(y.dtype)
 
 

@@ -45,10 +45,10 @@ import triton.language as tl
 
 from .dispatch import Plan, plan_gemm
 from .launch import PreparedLaunch, current_stream, split_k_scratch
-from .layout import K_BLOCK, N_TILE, native_qweight_shape, unpack_int4_tiled_striped
-from .quantize import apply_group_params, validate_group_size
+from .layout import K_BLOCK, N_TILE, W4A16Weight, unpack_int4_tiled_striped, validate_weight_tensors
+from .quantize import apply_group_params
 
-__all__ = ["w4a16_matmul", "validate_gemm_inputs", "dequantize_native"]
+__all__ = ["w4a16_matmul", "matmul_weight", "validate_gemm_inputs", "validate_activation", "dequantize_native"]
 
 # fp16 1024.0 / bf16 128.0 in both 16-bit halves of a word: OR-ed with two nibbles at bits 0 and 16
 # it gives the two 16-bit floats C + q (the magic-number conversion).
@@ -601,34 +601,24 @@ def _dequantize_kernel(
 # Launchers
 # --------------------------------------------------------------------------------------------------
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def validate_gemm_inputs(x, qweight, scales, zeros, perm, in_features: int, group_size: int) -> None:
-    """Raise a clear TypeError / ValueError for anything the kernels cannot take. Cheap (no syncs)."""
+def validate_activation(x, in_features: int, device: torch.device) -> None:
+    """Raise a clear TypeError / ValueError unless x is an fp16 / bf16 tensor [..., in_features] on `device`."""
     if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"x must be a float16 or bfloat16 tensor, got {getattr(x, 'dtype', type(x))}")
-    k = in_features
-    group_size = validate_group_size(group_size, k)  # also checks K
-    if x.dim() < 1 or x.shape[-1] != k:
-        raise ValueError(f"x must have in_features={k} as its last dim, got shape {tuple(x.shape)}")
-    if not isinstance(scales, torch.Tensor) or scales.dtype not in _FLOAT_DTYPES or scales.dim() != 2 or scales.shape[0] != k // group_size:
-        raise ValueError(f"scales must be a float tensor of shape [K/G, N] with K/G = {k // group_size}, "
-                         f"got {getattr(scales, 'dtype', type(scales))} {tuple(getattr(scales, 'shape', ()))}")
-    n = scales.shape[1]  # N (qweight's rows are padded to whole 64-row tiles)
-    expected = native_qweight_shape(n, k)
-    if not isinstance(qweight, torch.Tensor) or qweight.dtype != torch.int32:
-        raise TypeError(f"qweight must be an int32 tensor (layout.py), got {getattr(qweight, 'dtype', type(qweight))}")
-    if tuple(qweight.shape) != expected:
-        raise ValueError(f"qweight must have shape [ceil(N/64), ceil(K/128), 64, 16] = {list(expected)} "
-                         f"for N={n}, K={k} (layout.py), got {tuple(qweight.shape)}")
-    if zeros is not None and (zeros.dtype not in _FLOAT_DTYPES or tuple(zeros.shape) != (k // group_size, n)):
-        raise ValueError(f"zeros must be None or a float tensor of shape [K/G, N] = {(k // group_size, n)}, got {zeros.dtype} {tuple(zeros.shape)}")
-    if perm is not None and (perm.dtype != torch.int64 or tuple(perm.shape) != (k,)):
-        raise ValueError(f"perm must be None or an int64 tensor of shape [K] = ({k},), got {perm.dtype} {tuple(perm.shape)}")
-    for name, t in (("qweight", qweight), ("scales", scales), ("zeros", zeros), ("perm", perm)):
-        if t is not None and t.device != x.device:
-            raise ValueError(f"{name} is on {t.device} but x is on {x.device}: all tensors must be on one device")
+    if x.dim() < 1 or x.shape[-1] != in_features:
+        raise ValueError(f"x must have in_features={in_features} as its last dim, got shape {tuple(x.shape)}")
+    if x.device != device:
+        raise ValueError(f"x is on {x.device} but the weight is on {device}: all tensors must be on one device")
+
+
+def validate_gemm_inputs(x, qweight, scales, zeros, perm, in_features: int, group_size: int) -> int:
+    """Raise a clear TypeError / ValueError for anything the kernels cannot take; return the effective
+    group size (K for -1). Cheap (no syncs)."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"x must be a float16 or bfloat16 tensor, got {getattr(x, 'dtype', type(x))}")
+    group_size = validate_weight_tensors(qweight, scales, zeros, perm, in_features, group_size)
+    validate_activation(x, in_features, qweight.device)
+    return group_size
 
 
 def _use_asm(device_type: str) -> bool:
@@ -765,7 +755,20 @@ def w4a16_matmul(
     receives the result when given (tests poison it to catch unwritten elements). `config`
     overrides a forced path's launch configuration (see dispatch.CONFIG_KEYS).
     """
-    validate_gemm_inputs(x, qweight, scales, zeros, perm, in_features, group_size)
+    group_size = validate_gemm_inputs(x, qweight, scales, zeros, perm, in_features, group_size)
+    return _matmul_checked(x, qweight, scales, zeros, perm, in_features, group_size, path, strict, out, config)
+
+
+def matmul_weight(x: torch.Tensor, weight: W4A16Weight, path: str = "auto", strict: bool = False) -> torch.Tensor:
+    """`w4a16_matmul` on a `W4A16Weight`: its tensors were checked when it was made, so a call checks x only."""
+    validate_activation(x, weight.in_features, weight.qweight.device)
+    return _matmul_checked(x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features, weight.group_size,
+                           path, strict)
+
+
+def _matmul_checked(x, qweight, scales, zeros, perm, in_features: int, group_size: int, path: str = "auto", strict: bool = False,
+                    out: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
+    """The body of `w4a16_matmul` on validated inputs (group_size the effective one): plan, launch."""
     lead = x.shape[:-1]
     x2 = x if x.dim() == 2 else x.reshape(-1, in_features)
     if x2.stride(-1) != 1:

@@ -105,6 +105,35 @@ def act_order_permutation(g_idx: torch.Tensor, group_size: int) -> torch.Tensor 
     return perm
 
 
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def validate_weight_tensors(qweight, scales, zeros, perm, in_features: int, group_size: int) -> int:
+    """Raise a clear TypeError / ValueError unless the tensors form a kernel-native weight with
+    K = in_features (shapes and dtypes of the module docstring, all on one device); N is taken from
+    scales. Returns the effective group size. Cheap (no syncs)."""
+    k = in_features
+    group_size = validate_group_size(group_size, k)  # also checks K
+    if not isinstance(scales, torch.Tensor) or scales.dtype not in _FLOAT_DTYPES or scales.dim() != 2 or scales.shape[0] != k // group_size:
+        raise ValueError(f"scales must be a float tensor of shape [K/G, N] with K/G = {k // group_size}, "
+                         f"got {getattr(scales, 'dtype', type(scales))} {tuple(getattr(scales, 'shape', ()))}")
+    n = scales.shape[1]  # N (qweight's rows are padded to whole 64-row tiles)
+    expected = native_qweight_shape(n, k)
+    if not isinstance(qweight, torch.Tensor) or qweight.dtype != torch.int32:
+        raise TypeError(f"qweight must be an int32 tensor (layout.py), got {getattr(qweight, 'dtype', type(qweight))}")
+    if tuple(qweight.shape) != expected:
+        raise ValueError(f"qweight must have shape [ceil(N/64), ceil(K/128), 64, 16] = {list(expected)} "
+                         f"for N={n}, K={k} (layout.py), got {tuple(qweight.shape)}")
+    if zeros is not None and (zeros.dtype not in _FLOAT_DTYPES or tuple(zeros.shape) != (k // group_size, n)):
+        raise ValueError(f"zeros must be None or a float tensor of shape [K/G, N] = {(k // group_size, n)}, got {zeros.dtype} {tuple(zeros.shape)}")
+    if perm is not None and (perm.dtype != torch.int64 or tuple(perm.shape) != (k,)):
+        raise ValueError(f"perm must be None or an int64 tensor of shape [K] = ({k},), got {perm.dtype} {tuple(perm.shape)}")
+    for name, t in (("scales", scales), ("zeros", zeros), ("perm", perm)):
+        if t is not None and t.device != qweight.device:
+            raise ValueError(f"{name} is on {t.device} but qweight is on {qweight.device}: all tensors must be on one device")
+    return group_size
+
+
 @dataclass(frozen=True)
 class W4A16Weight:
     """A 4-bit weight in the kernel-native layout, with everything the GEMM needs.
@@ -119,6 +148,14 @@ class W4A16Weight:
     in_features: int  # K
     out_features: int  # N
     group_size: int  # effective G (K for per-channel)
+
+    def __post_init__(self) -> None:
+        # Checked once here, so that calls on the weight check only the activations (the dataclass is
+        # frozen and a tensor's shape, dtype and device do not change in place).
+        if validate_weight_tensors(self.qweight, self.scales, self.zeros, self.perm, self.in_features, self.group_size) != self.group_size:
+            raise ValueError(f"group_size must be the effective group size (K={self.in_features} for per-channel), got {self.group_size}")
+        if self.out_features != self.scales.shape[1]:
+            raise ValueError(f"out_features={self.out_features} must equal scales.shape[1]={self.scales.shape[1]}")
 
     @property
     def symmetric(self) -> bool:
