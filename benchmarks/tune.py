@@ -47,6 +47,8 @@ def candidates(m: int, n: int, k: int, sm_count: int):
                 yield "gemv", cfg(bn, bm, w, st, split)
     if m <= 64:
         bm = 16 if m <= 16 else (32 if m <= 32 else 64)
+        # ONE_TOKEN (M = 1, fold): the fold's x sums from x's single row (sm_90 SASS: loop 358 -> 310
+        # instructions at BLOCK_N = 128, but one more block-wide barrier); timed against the plain fold.
         # Scale in the operand wants 128 weight rows per warpgroup (else the operand is re-laid out
         # through shared memory): BLOCK_N = 128 with 4 warps, 256 with 8 (or 64 on mma.sync, 2 warps).
         # maxnreg=128: the fold at BLOCK_N = 128 / 256 fits in 128 registers without spilling (sm_90,
@@ -58,13 +60,16 @@ def candidates(m: int, n: int, k: int, sm_count: int):
                                             (256, 8, 4, True, None), (64, 2, 4, True, None)):
             tiles = -(-n // bn) * -(-m // bm)
             for split in splits(tiles):
-                yield ("splitk" if split > 1 else "tiled"), cfg(bn, bm, w, st, split, operand, maxnreg)
+                for one_token in ((False, True) if (m == 1 and not operand) else (False,)):
+                    c = cfg(bn, bm, w, st, split, operand, maxnreg)
+                    yield ("splitk" if split > 1 else "tiled"), ({**c, "ONE_TOKEN": True} if one_token else c)
         # Stream-K: a persistent grid of 1-3 programs per SM sharing the (tile, K block) work evenly
         for bn, w, st, operand in ((128, 4, 4, False), (256, 8, 3, False), (128, 4, 4, True)):
             for per_sm in (1, 2, 3):
-                c = cfg(bn, bm, w, st, 1, operand)
-                del c["SPLIT_K"]
-                yield "streamk", {**c, "PROGRAMS": per_sm * sm_count}
+                for one_token in ((False, True) if (m == 1 and not operand) else (False,)):
+                    c = cfg(bn, bm, w, st, 1, operand)
+                    del c["SPLIT_K"]
+                    yield "streamk", {**c, "PROGRAMS": per_sm * sm_count, **({"ONE_TOKEN": True} if one_token else {})}
     if m >= 64:
         for bn, bm, w, st, operand in ((128, 64, 4, 3, False), (128, 128, 8, 3, False), (256, 64, 8, 3, False),
                                        (256, 128, 8, 3, False), (128, 64, 4, 4, True), (128, 128, 8, 3, True),

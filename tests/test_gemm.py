@@ -65,9 +65,12 @@ def run_and_check(w4a16, weight, ref, x, path):
     m = x.shape[0]
     out = torch.full((m, weight.out_features), float("nan"), dtype=x.dtype, device=x.device)
     kernel_path, _, mode = path.partition(":")
+    config = {"SCALE_IN_OPERAND": mode == "operand"} if mode else None
+    if mode == "fold-one-token":  # the fold taking x sums from x's only row (used at M = 1 when tuned so)
+        config = {"SCALE_IN_OPERAND": False, "ONE_TOKEN": True}
     y = w4a16.gemm.w4a16_matmul(
         x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features, weight.group_size,
-        path=kernel_path, out=out, config={"SCALE_IN_OPERAND": mode == "operand"} if mode else None,
+        path=kernel_path, out=out, config=config,
     )
     assert y.data_ptr() == out.data_ptr()
     assert not torch.isnan(y).any(), f"{path}: unwritten (NaN) output elements at M={m}"
@@ -86,6 +89,21 @@ def test_triton_paths_fp16(w4a16, device, path, k, n, group_size, symmetric):
         x = torch.randn(m, k, generator=gen).to(device=device, dtype=torch.float16)
         err = run_and_check(w4a16, weight, ref, x, path)
         assert err < TOL[torch.float16], f"{path} M={m}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("path", ["splitk:fold-one-token", "streamk:fold-one-token", "tiled:fold-one-token"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("k,n,group_size,symmetric", [CASES[0], CASES[2], CASES[4], CASES[6]])
+def test_triton_paths_one_token(w4a16, device, path, dtype, k, n, group_size, symmetric):
+    """The ONE_TOKEN fold at M = 1 (and ignored at M = 2: the plain fold)."""
+    if not triton_available(device):
+        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
+    weight, ref = random_layer(w4a16, k, n, group_size, symmetric, dtype, device, seed=4)
+    gen = torch.Generator().manual_seed(5)
+    for m in (1, 2):
+        x = torch.randn(m, k, generator=gen).to(device=device, dtype=dtype)
+        err = run_and_check(w4a16, weight, ref, x, path)
+        assert err < TOL[dtype], f"{path} M={m}: relative error {err:.2e}"
 
 
 @pytest.mark.parametrize("path", TRITON_PATHS)

@@ -259,14 +259,16 @@ def _concat_slices(slices, START: tl.constexpr, COUNT: tl.constexpr):
 
 
 @triton.jit
-def _load_fold_inputs(x_rows, s_ptr, z_ptr, block, block_end, K, N, num_groups, GROUP_SIZE: tl.constexpr, offs_n, n_mask,
-                      m_mask, offs_fold, FOLD_SUBS: tl.constexpr, MAGIC_VALUE: tl.constexpr, SYMMETRIC: tl.constexpr,
-                      EVEN_K: tl.constexpr):
+def _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block, block_end, K, N, num_groups, GROUP_SIZE: tl.constexpr, offs_n,
+                      n_mask, m_mask, offs_fold, FOLD_SUBS: tl.constexpr, MAGIC_VALUE: tl.constexpr, SYMMETRIC: tl.constexpr,
+                      EVEN_K: tl.constexpr, ONE_TOKEN: tl.constexpr):
     """For each scale fold of `block`: the x^T tile (for its column sums), s and z + MAGIC_VALUE.
 
     Tuples of 8 / FOLD_SUBS entries. Past the split's last block everything is masked off. The x^T
     load carries a distinct cache modifier so it is never merged with the dot operand's load of the
-    same tile (that one must stay a pure dot operand to be streamed asynchronously).
+    same tile (that one must stay a pure dot operand to be streamed asynchronously). With ONE_TOKEN
+    (M = 1) only the fold's rows of x's first row are loaded (x_first: its pointer), a vector whose sum
+    is a scalar that needs no layout conversion.
     """
     FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
     in_range = (offs_n * 0 + block) < block_end
@@ -275,7 +277,14 @@ def _load_fold_inputs(x_rows, s_ptr, z_ptr, block, block_end, K, N, num_groups, 
     zeros = ()
     for f in tl.static_range(8 // FOLD_SUBS):
         k0 = block * 128 + f * FOLD_ROWS
-        x_tiles = x_tiles + (_load_x_rows(x_rows, k0 + offs_fold, K, m_mask, EVEN_K, ".ca", block < block_end),)
+        if ONE_TOKEN:
+            rows = k0 + offs_fold
+            mask = (rows * 0 + block) < block_end
+            if not EVEN_K:
+                mask = mask & (rows < K)
+            x_tiles = x_tiles + (tl.load(x_first + rows, mask=mask, other=0.0, cache_modifier=".ca"),)
+        else:
+            x_tiles = x_tiles + (_load_x_rows(x_rows, k0 + offs_fold, K, m_mask, EVEN_K, ".ca", block < block_end),)
         s, zz = _load_group_params(s_ptr, z_ptr, k0 // GROUP_SIZE, num_groups, offs_n, n_mask & in_range, N, MAGIC_VALUE, SYMMETRIC)
         scales = scales + (s,)
         zeros = zeros + (zz,)
@@ -346,10 +355,12 @@ def _tile_accumulate(
     x_ptr, qw_ptr, s_ptr, z_ptr, tile_n, tile_m, block_start, block_end, M, N, K, stride_xm,
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, ONE_TOKEN: tl.constexpr,
 ):
     """The fp32 y^T tile (tile_n, tile_m) [BLOCK_N, BLOCK_M] summed over the 128-row blocks
-    [block_start, block_end) of K, with its offsets and masks: the loop both tensor-core kernels run."""
+    [block_start, block_end) of K, with its offsets and masks: the loop both tensor-core kernels run.
+    ONE_TOKEN (M = 1, fold only): the fold's x sums come from x's first row alone (columns >= M of
+    the tile then hold values that are never stored)."""
     offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_mask = offs_n < N
@@ -361,6 +372,7 @@ def _tile_accumulate(
 
     w_ptrs = _weight_words_ptrs(qw_ptr, offs_n, K)
     x_rows = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm  # x^T tiles are x_rows + k[:, None]
+    x_first = x_ptr + (tile_m * BLOCK_M).to(tl.int64) * stride_xm  # the tile's first row of x
     xt_dtype = x_ptr.dtype.element_ty
 
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -371,8 +383,8 @@ def _tile_accumulate(
         side = _load_operand_params(s_ptr, z_ptr, block_start, block_end, num_groups, offs_n, n_mask, N,
                                     GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM)
     else:
-        side = _load_fold_inputs(x_rows, s_ptr, z_ptr, block_start, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
-                                 n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K)
+        side = _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block_start, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
+                                 n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN)
     for block in range(block_start, block_end):
         # uint32 so that shifts are logical (no sign extension to mask away)
         words = tl.load(w_ptrs + block * _TILE_WORDS, mask=n_mask[:, None], other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
@@ -386,17 +398,22 @@ def _tile_accumulate(
             acc = tl.dot(_concat_slices(weights, 0, 8), xt.to(DOT_DTYPE), acc, out_dtype=tl.float32)
         else:
             x_again, scales, shifted_zeros = side
-            side = _load_fold_inputs(x_rows, s_ptr, z_ptr, block + 1, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
-                                     n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K)
+            side = _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block + 1, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
+                                     n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN)
             slices = _unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
             for f in tl.static_range(8 // FOLD_SUBS):
                 k0 = block * 128 + f * FOLD_ROWS
                 a = _concat_slices(slices, f * FOLD_SUBS, FOLD_SUBS)  # [BLOCK_N, FOLD_ROWS]
                 xt = _load_x_rows(x_rows, k0 + offs_xk, K, m_mask, EVEN_K, "", True)
                 part = tl.dot(a, xt.to(DOT_DTYPE), out_dtype=tl.float32)
-                xsum = tl.sum(x_again[f].to(tl.float32), axis=0)
+                xsum = tl.sum(x_again[f].to(tl.float32), axis=0)  # [BLOCK_M], or a scalar with ONE_TOKEN
+                if not ONE_TOKEN:
+                    xsum = xsum[None, :]
                 s = scales[f]
-                acc += s[:, None] * part - (s * shifted_zeros[f])[:, None] * xsum[None, :]
+                # two statements so that each becomes one FMA per element (one expression compiled to
+                # FMUL + FFMA + FADD)
+                acc += s[:, None] * part
+                acc -= (s * shifted_zeros[f])[:, None] * xsum
 
     return acc, offs_n, offs_m, n_mask, m_mask
 
@@ -410,6 +427,7 @@ def _w4a16_tc_kernel(
     SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K, IS_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+    ONE_TOKEN: tl.constexpr,  # M == 1: the fold's x sums from one row (see _tile_accumulate)
 ):
     """y[M, N] = x[M, K] @ W[K, N] with W in the kernel-native layout, on tensor cores.
 
@@ -436,6 +454,7 @@ def _w4a16_tc_kernel(
     acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
         x_ptr, qw_ptr, s_ptr, z_ptr, tl.program_id(0), tl.program_id(1), block_start, block_end, M, N, K, stride_xm,
         GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N, BLOCK_M, EVEN_K,
+        ONE_TOKEN,
     )
     _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
 
@@ -446,7 +465,7 @@ def _w4a16_streamk_kernel(
     M, N, K, stride_xm, stride_ym,
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, ONE_TOKEN: tl.constexpr,
 ):
     """Stream-K form of `_w4a16_tc_kernel`: a persistent grid (P,) shares the work evenly.
 
@@ -476,6 +495,7 @@ def _w4a16_streamk_kernel(
         acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
             x_ptr, qw_ptr, s_ptr, z_ptr, tile % tiles_n, tile // tiles_n, block_start, block_end, M, N, K, stride_xm,
             GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N, BLOCK_M, EVEN_K,
+            ONE_TOKEN,
         )
         y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
         mask = n_mask[:, None] & m_mask[None, :]
@@ -650,10 +670,11 @@ _TENSOR_ARGS = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_
 _launch_by_plan: dict = {}  # id(plan) -> (plan, format, _MatmulLaunch), for the dispatcher's memoised plans
 
 
-def _matmul_launch(plan: Plan, dtype: torch.dtype, device_type: str, symmetric: bool, in_features: int, group_size: int) -> _MatmulLaunch:
-    """The prepared launch of `plan` for this format: built on a plan's first call, then looked up
-    (a forced plan, made afresh per call by tests and benchmarks, is prepared afresh too)."""
-    fmt = (dtype, device_type, symmetric, in_features, group_size)
+def _matmul_launch(plan: Plan, dtype: torch.dtype, device_type: str, symmetric: bool, in_features: int, group_size: int,
+                   one_token: bool) -> _MatmulLaunch:
+    """The prepared launch of `plan` for this format (and M == 1 or not): built on a plan's first call,
+    then looked up (a forced plan, made afresh per call by tests and benchmarks, is prepared afresh too)."""
+    fmt = (dtype, device_type, symmetric, in_features, group_size, one_token)
     entry = _launch_by_plan.get(id(plan))
     if entry is not None and entry[0] is plan and entry[1] == fmt:
         return entry[2]
@@ -663,7 +684,7 @@ def _matmul_launch(plan: Plan, dtype: torch.dtype, device_type: str, symmetric: 
     return prepared
 
 
-def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_features, group_size) -> _MatmulLaunch:
+def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_features, group_size, one_token) -> _MatmulLaunch:
     cfg = plan.config
     block_n, block_m, split_k = cfg["BLOCK_N"], cfg["BLOCK_M"], cfg.get("SPLIT_K", 1)
     constexprs = dict(FOLD_SUBS=_fold_subs(group_size, in_features), SYMMETRIC=symmetric, BLOCK_N=block_n, BLOCK_M=block_m,
@@ -682,6 +703,8 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
         # Triton's CPU interpreter multiplies bf16 dot operands as raw bits: give it fp32 (exact
         # for C + q and for bf16 activations); the GPU always runs the bf16 MMA.
         DOT_DTYPE=tl.float32 if (device_type == "cpu" and dtype == torch.bfloat16) else _TL_DTYPE[dtype],
+        # x sums from one row at M = 1 (only the fold sums x): a tuned option, off unless the entry sets it
+        ONE_TOKEN=one_token and cfg.get("ONE_TOKEN", False) and not cfg.get("SCALE_IN_OPERAND", False),
     )
     if plan.path == "streamk":
         kernel = PreparedLaunch(_w4a16_streamk_kernel, tensor_core, options, _TENSOR_ARGS, ints)
@@ -695,7 +718,7 @@ def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, p
     m, k = x2.shape
     n = scales.shape[1]
     device = x2.device
-    run = _matmul_launch(plan, x2.dtype, device.type, zeros is None, in_features, group_size)
+    run = _matmul_launch(plan, x2.dtype, device.type, zeros is None, in_features, group_size, m == 1)
     y = torch.empty((m, n), device=device, dtype=x2.dtype) if out is None else out
     tiles = -(-n // run.block_n) * -(-m // run.block_m)  # ceil-divs (triton.cdiv costs ~3 us from the host)
     stream = current_stream(device)
