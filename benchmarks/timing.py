@@ -111,6 +111,7 @@ VARIANTS = {  # weight/activation formats benchmarked and tuned: name -> (activa
     "sym": (torch.float16, 128, True, False),
     "g64": (torch.float16, 64, False, False),
     "act_order": (torch.float16, 128, False, True),
+    "pc": (torch.float16, -1, False, False),  # per-channel: one group spanning K (-1, the usual spelling)
 }
 
 
@@ -118,6 +119,7 @@ def random_w4_weights(kernel, n: int, k: int, group_size: int, copies: int, symm
                       act_order: bool = False, scale_dtype=torch.float16) -> list:
     """`copies` kernel-native W4A16Weight objects with random codes (any int32 pattern is valid)."""
     shape = kernel.layout.native_qweight_shape(n, k)
+    group_size = k if group_size == -1 else group_size  # per-channel
     return [
         kernel.W4A16Weight(
             qweight=torch.randint(-2**31, 2**31 - 1, shape, dtype=torch.int32, device="cuda"),
@@ -131,7 +133,7 @@ def random_w4_weights(kernel, n: int, k: int, group_size: int, copies: int, symm
 
 
 def w4_bytes(n: int, k: int, m: int, group_size: int, symmetric: bool = False) -> int:
-    groups = k // group_size
+    groups = 1 if group_size == -1 else k // group_size
     return n * k // 2 + n * groups * 2 * (1 if symmetric else 2) + m * k * 2 + m * n * 2
 
 

@@ -114,8 +114,12 @@ def main() -> None:
     shapes = timing.load_shapes()
     table_group_size = shapes.get("group_size", 128)
     dtype, group_size, symmetric, _ = timing.VARIANTS[args.variant]
-    # entries of a format other than the table's base carry it (dispatch.load_tuned_table)
-    fmt = {} if args.variant == "base" else {"dtype": str(dtype).replace("torch.", ""), "group_size": group_size, "symmetric": symmetric}
+    # entries of a format other than the table's base carry it (dispatch.load_tuned_table), with the
+    # effective group size (K for per-channel)
+    def format_fields(k: int) -> dict:
+        if args.variant == "base":
+            return {}
+        return {"dtype": str(dtype).replace("torch.", ""), "group_size": k if group_size == -1 else group_size, "symmetric": symmetric}
     wanted = set(filter(None, args.shapes.split(",")))
     ms = [int(v) for v in args.m.split(",")]
     entries, log = [], []
@@ -124,16 +128,18 @@ def main() -> None:
         if wanted and shape["name"] not in wanted:
             continue
         n, k = shape["N"], shape["K"]
+        fmt = format_fields(k)
+        g = k if group_size == -1 else group_size
         copies = timing.copies_needed(timing.w4_bytes(n, k, 1, group_size, symmetric))
         weights = timing.random_w4_weights(kernel, n, k, group_size, copies, symmetric, False, dtype)
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             w0 = weights[0]
-            reference = kernel.gemm.w4a16_matmul(x, w0.qweight, w0.scales, w0.zeros, w0.perm, k, group_size, path="dense").float()
+            reference = kernel.gemm.w4a16_matmul(x, w0.qweight, w0.scales, w0.zeros, w0.perm, k, g, path="dense").float()
             best = None
             for path, config in candidates(m, n, k, sm_count):
                 try:
-                    us = time_candidate(kernel, weights, x, k, group_size, path, config, reference)
+                    us = time_candidate(kernel, weights, x, k, g, path, config, reference)
                 except Exception as exc:  # a config that does not compile or fit is skipped, and logged
                     log.append({"shape": shape["name"], "M": m, **fmt, "path": path, "config": config, "error": repr(exc)[:300]})
                     continue

@@ -356,11 +356,13 @@ def _tile_accumulate(
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, ONE_TOKEN: tl.constexpr,
+    PER_CHANNEL: tl.constexpr,
 ):
     """The fp32 y^T tile (tile_n, tile_m) [BLOCK_N, BLOCK_M] summed over the 128-row blocks
     [block_start, block_end) of K, with its offsets and masks: the loop both tensor-core kernels run.
     ONE_TOKEN (M = 1, fold only): the fold's x sums come from x's first row alone (columns >= M of
-    the tile then hold values that are never stored)."""
+    the tile then hold values that are never stored). PER_CHANNEL (one group spanning K, fold only):
+    the fold runs once after the loop instead of once per block."""
     offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_mask = offs_n < N
@@ -385,6 +387,12 @@ def _tile_accumulate(
     else:
         side = _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block_start, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
                                  n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN)
+    if PER_CHANNEL and not SCALE_IN_OPERAND:
+        raw = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # sum over blocks of x . (C + q)
+        if ONE_TOKEN:
+            xsum_total = tl.full((), 0.0, dtype=tl.float32)
+        else:
+            xsum_total = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for block in range(block_start, block_end):
         # uint32 so that shifts are logical (no sign extension to mask away)
         words = tl.load(w_ptrs + block * _TILE_WORDS, mask=n_mask[:, None], other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
@@ -396,6 +404,16 @@ def _tile_accumulate(
             k0 = block * 128
             xt = _load_x_rows(x_rows, k0 + offs_xk, K, m_mask, EVEN_K, "", True)
             acc = tl.dot(_concat_slices(weights, 0, 8), xt.to(DOT_DTYPE), acc, out_dtype=tl.float32)
+        elif PER_CHANNEL:
+            # One group spans K: chain the raw dots (nothing between the MMAs, as with SCALE_IN_OPERAND)
+            # and the x sums over the blocks; the fold runs once, after the loop.
+            x_again = side[0][0]
+            side = _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block + 1, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
+                                     n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN)
+            slices = _unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
+            xt = _load_x_rows(x_rows, block * 128 + offs_xk, K, m_mask, EVEN_K, "", True)
+            raw = tl.dot(_concat_slices(slices, 0, 8), xt.to(DOT_DTYPE), raw, out_dtype=tl.float32)
+            xsum_total += tl.sum(x_again.to(tl.float32), axis=0)
         else:
             x_again, scales, shifted_zeros = side
             side = _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block + 1, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
@@ -414,6 +432,11 @@ def _tile_accumulate(
                 # FMUL + FFMA + FADD)
                 acc += s[:, None] * part
                 acc -= (s * shifted_zeros[f])[:, None] * xsum
+    if PER_CHANNEL and not SCALE_IN_OPERAND:
+        s, zz = _load_group_params(s_ptr, z_ptr, 0, num_groups, offs_n, n_mask, N, MAGIC_VALUE, SYMMETRIC)
+        if not ONE_TOKEN:
+            xsum_total = xsum_total[None, :]
+        acc = s[:, None] * raw - (s * zz)[:, None] * xsum_total
 
     return acc, offs_n, offs_m, n_mask, m_mask
 
@@ -428,6 +451,7 @@ def _w4a16_tc_kernel(
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K, IS_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     ONE_TOKEN: tl.constexpr,  # M == 1: the fold's x sums from one row (see _tile_accumulate)
+    PER_CHANNEL: tl.constexpr,  # G == K: fold once after the loop (see _tile_accumulate)
 ):
     """y[M, N] = x[M, K] @ W[K, N] with W in the kernel-native layout, on tensor cores.
 
@@ -454,7 +478,7 @@ def _w4a16_tc_kernel(
     acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
         x_ptr, qw_ptr, s_ptr, z_ptr, tl.program_id(0), tl.program_id(1), block_start, block_end, M, N, K, stride_xm,
         GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N, BLOCK_M, EVEN_K,
-        ONE_TOKEN,
+        ONE_TOKEN, PER_CHANNEL,
     )
     _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
 
@@ -466,6 +490,7 @@ def _w4a16_streamk_kernel(
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, ONE_TOKEN: tl.constexpr,
+    PER_CHANNEL: tl.constexpr,
 ):
     """Stream-K form of `_w4a16_tc_kernel`: a persistent grid (P,) shares the work evenly.
 
@@ -495,7 +520,7 @@ def _w4a16_streamk_kernel(
         acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
             x_ptr, qw_ptr, s_ptr, z_ptr, tile % tiles_n, tile // tiles_n, block_start, block_end, M, N, K, stride_xm,
             GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N, BLOCK_M, EVEN_K,
-            ONE_TOKEN,
+            ONE_TOKEN, PER_CHANNEL,
         )
         y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
         mask = n_mask[:, None] & m_mask[None, :]
@@ -705,6 +730,7 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
         DOT_DTYPE=tl.float32 if (device_type == "cpu" and dtype == torch.bfloat16) else _TL_DTYPE[dtype],
         # x sums from one row at M = 1 (only the fold sums x): a tuned option, off unless the entry sets it
         ONE_TOKEN=one_token and cfg.get("ONE_TOKEN", False) and not cfg.get("SCALE_IN_OPERAND", False),
+        PER_CHANNEL=group_size == in_features,  # one group: the fold runs once per tile, after the loop
     )
     if plan.path == "streamk":
         kernel = PreparedLaunch(_w4a16_streamk_kernel, tensor_core, options, _TENSOR_ARGS, ints)
