@@ -16,7 +16,8 @@ applied in one of two ways (the tensor-core kernels' SCALE_IN_OPERAND, chosen pe
 table):
 - fold: within one group g of rows and one column n,
       y[m, n] += s[g, n] * (sum_k x[m, k] * c[k, n]  -  (z[g, n] + C) * sum_k x[m, k]),
-  the dot on C + q being exact per product with fp32 accumulation (any zero exact);
+  the dot on C + q being exact per product with fp32 accumulation (any zero exact); with one group
+  spanning K (per-channel) the dots chain over the blocks and the fold runs once per tile;
 - scale in operand: the MMA operand is (q - z) * s, computed on pairs with packed sub + fma and
   rounded once to x's dtype, so the accumulator needs no per-group work.
 
