@@ -8,9 +8,10 @@ copies, fp16 activations, group 128, asymmetric by default) and keeps the fastes
 
     python benchmarks/tune.py --variant bf16 --merge [--m 32,64]
 
-tunes one other format of timing.VARIANTS (bf16, sym, g64) and writes entries carrying its `dtype`,
-`group_size` and `symmetric`, which the dispatcher prefers for that format and exactly those M buckets;
-every other format and bucket uses the base entries.
+tunes one other format of timing.VARIANTS (bf16, sym, g64, pc, act_order) and writes entries carrying its
+`dtype`, `group_size`, `symmetric` (and `act_order`), which the dispatcher prefers for that format and
+exactly those M buckets; every other format and bucket uses the base entries. For act_order the candidates
+include the tensor-core kernels gathering x themselves (GATHER_X).
 """
 
 from __future__ import annotations
@@ -83,6 +84,16 @@ def candidates(m: int, n: int, k: int, sm_count: int):
         yield "dense", {}
 
 
+def with_gather(pairs, act_order: bool):
+    """For act-order weights, each tensor-core candidate also with the kernel gathering x itself (GATHER_X)
+    instead of the separate gather of x before the call."""
+    for path, config in pairs:
+        yield path, config
+        # the in-kernel gather repeats for every N tile: worth timing for decode-sized M tiles only
+        if act_order and path in ("splitk", "tiled", "streamk") and config["BLOCK_M"] <= 64:
+            yield path, {**config, "GATHER_X": True}
+
+
 def time_candidate(kernel, weights, x, k, group_size, path, config, reference=None) -> float:
     """GPU time of one candidate; with `reference` (the dense path's output on weights[0]) a candidate
     whose output differs from it by more than 2% (relative) raises instead, so a wrong kernel
@@ -104,8 +115,8 @@ def main() -> None:
     ap.add_argument("--shapes", default="", help="comma list of shape names (default: all)")
     ap.add_argument("--log", default="", help="write every timing here (JSON)")
     ap.add_argument("--merge", action="store_true", help="keep the --out table's entries for (N, K, M, format) not tuned now")
-    ap.add_argument("--variant", default="base", choices=[v for v in timing.VARIANTS if v != "act_order"],
-                    help="format to tune (act-order runs the base format's kernel on permuted x)")
+    ap.add_argument("--variant", default="base", choices=list(timing.VARIANTS),
+                    help="format to tune (act_order: also times the kernels gathering x themselves, GATHER_X)")
     args = ap.parse_args()
 
     kernel = timing.load_kernel()
@@ -113,13 +124,14 @@ def main() -> None:
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     shapes = timing.load_shapes()
     table_group_size = shapes.get("group_size", 128)
-    dtype, group_size, symmetric, _ = timing.VARIANTS[args.variant]
+    dtype, group_size, symmetric, act_order = timing.VARIANTS[args.variant]
     # entries of a format other than the table's base carry it (dispatch.load_tuned_table), with the
     # effective group size (K for per-channel)
     def format_fields(k: int) -> dict:
         if args.variant == "base":
             return {}
-        return {"dtype": str(dtype).replace("torch.", ""), "group_size": k if group_size == -1 else group_size, "symmetric": symmetric}
+        fields = {"dtype": str(dtype).replace("torch.", ""), "group_size": k if group_size == -1 else group_size, "symmetric": symmetric}
+        return {**fields, "act_order": True} if act_order else fields
     wanted = set(filter(None, args.shapes.split(",")))
     ms = [int(v) for v in args.m.split(",")]
     entries, log = [], []
@@ -131,13 +143,13 @@ def main() -> None:
         fmt = format_fields(k)
         g = k if group_size == -1 else group_size
         copies = timing.copies_needed(timing.w4_bytes(n, k, 1, group_size, symmetric))
-        weights = timing.random_w4_weights(kernel, n, k, group_size, copies, symmetric, False, dtype)
+        weights = timing.random_w4_weights(kernel, n, k, group_size, copies, symmetric, act_order, dtype)
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             w0 = weights[0]
             reference = kernel.gemm.w4a16_matmul(x, w0.qweight, w0.scales, w0.zeros, w0.perm, k, g, path="dense").float()
             best = None
-            for path, config in candidates(m, n, k, sm_count):
+            for path, config in with_gather(candidates(m, n, k, sm_count), act_order):
                 try:
                     us = time_candidate(kernel, weights, x, k, g, path, config, reference)
                 except Exception as exc:  # a config that does not compile or fit is skipped, and logged
@@ -159,7 +171,7 @@ def main() -> None:
 
 def _entry_key(e: dict) -> tuple:
     """(N, K, M, format): base entries have no format fields."""
-    return e["N"], e["K"], e["M"], e.get("dtype", ""), e.get("group_size", 0), e.get("symmetric", False)
+    return e["N"], e["K"], e["M"], e.get("dtype", ""), e.get("group_size", 0), e.get("symmetric", False), e.get("act_order", False)
 
 
 def merged(kept: list, entries: list) -> list:

@@ -65,9 +65,11 @@ def run_and_check(w4a16, weight, ref, x, path):
     m = x.shape[0]
     out = torch.full((m, weight.out_features), float("nan"), dtype=x.dtype, device=x.device)
     kernel_path, _, mode = path.partition(":")
-    config = {"SCALE_IN_OPERAND": mode == "operand"} if mode else None
+    config = {"SCALE_IN_OPERAND": mode.startswith("operand")} if mode else None
     if mode == "fold-one-token":  # the fold taking x sums from x's only row (used at M = 1 when tuned so)
         config = {"SCALE_IN_OPERAND": False, "ONE_TOKEN": True}
+    if mode.endswith("-gather"):  # act-order: the kernel gathers x[:, perm] itself (used when tuned so)
+        config["GATHER_X"] = True
     y = w4a16.gemm.w4a16_matmul(
         x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features, weight.group_size,
         path=kernel_path, out=out, config=config,
@@ -104,6 +106,21 @@ def test_triton_paths_one_token(w4a16, device, path, dtype, k, n, group_size, sy
         x = torch.randn(m, k, generator=gen).to(device=device, dtype=dtype)
         err = run_and_check(w4a16, weight, ref, x, path)
         assert err < TOL[dtype], f"{path} M={m}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("path", ["splitk:fold-gather", "splitk:operand-gather", "streamk:fold-gather", "tiled:operand-gather"])
+@pytest.mark.parametrize("k,n,group_size", [(256, 24, 64), (320, 40, 32), (384, 20, 128)])
+def test_triton_paths_act_order_gathered_in_kernel(w4a16, device, path, k, n, group_size):
+    """GATHER_X: each program gathers its rows of x[:, perm] (K not a multiple of 128 included)."""
+    if not triton_available(device):
+        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
+    weight, ref = random_layer(w4a16, k, n, group_size, False, torch.float16, device, act_order=True, seed=8)
+    assert weight.act_order
+    gen = torch.Generator().manual_seed(9)
+    for m in (1, 5, 33):
+        x = torch.randn(m, k, generator=gen).to(device=device, dtype=torch.float16)
+        err = run_and_check(w4a16, weight, ref, x, path)
+        assert err < TOL[torch.float16], f"{path} M={m}: relative error {err:.2e}"
 
 
 @pytest.mark.parametrize("path", TRITON_PATHS)
@@ -297,20 +314,22 @@ def test_dispatch_plans(w4a16):
     # format-specific entries win for their exact M bucket; other buckets and formats use the base rows
     base_rows = [{"M": 1, "path": "splitk"}, {"M": 16, "path": "tiled"}]
     bf16 = dispatch.format_key(torch.bfloat16, 128, False)
-    assert bf16 == ("bfloat16", 128, False)
+    assert bf16 == ("bfloat16", 128, False, False)
+    assert dispatch.format_key(torch.float16, 128, False, act_order=True) == ("float16", 128, False, True)
     own = {(64, 256, bf16): {1: {"M": 1, "path": "streamk"}}}
     pick = lambda mb, fmt: dispatch.tuned_row({(64, 256): base_rows}, own, mb, 64, 256, fmt)["path"]  # noqa: E731
     assert pick(1, bf16) == "streamk" and pick(2, bf16) == "tiled" and pick(64, bf16) == "tiled"
     assert pick(1, dispatch.format_key(torch.float16, 128, False)) == "splitk"
     assert dispatch.tuned_row({}, own, 1, 32, 256, bf16) is None
-    assert all(len(key) == 3 and set(rows) <= set(dispatch._M_BUCKETS) for key, rows in by_format.items())
+    assert pick(1, dispatch.format_key(torch.bfloat16, 128, False, act_order=True)) == "streamk"  # bf16's own entry
+    assert all(len(key[2]) == 4 and set(rows) <= set(dispatch._M_BUCKETS) for key, rows in by_format.items())
     rows = table[(4096, 4096)]
     assert {r["M"] for r in rows} >= {1, 16} and all(r["path"] in dispatch.PATHS for r in rows)
     assert dispatch.load_tuned_table("Some Other GPU") is None
     # every tuned entry names only launch keys the launcher knows, and both scale modes are in use
     known = set(dispatch.CONFIG_KEYS) | {"N", "K", "M", "path", "us"}
     assert all(set(r) <= known for rows in table.values() for r in rows)
-    assert all(set(r) <= known | {"dtype", "group_size", "symmetric"} for rows in by_format.values() for r in rows.values())
+    assert all(set(r) <= known | {"dtype", "group_size", "symmetric", "act_order"} for rows in by_format.values() for r in rows.values())
     modes = {r.get("SCALE_IN_OPERAND") for rows in table.values() for r in rows if r["path"] in ("splitk", "tiled")}
     assert modes == {True, False}
     # a forced path takes overrides of its launch configuration; anything else is a clear error

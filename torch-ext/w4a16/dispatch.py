@@ -58,9 +58,9 @@ def m_bucket(m: int) -> int:
     return _M_BUCKETS[-1]
 
 
-def format_key(dtype: torch.dtype, group_size: int, symmetric: bool) -> tuple[str, int, bool]:
-    """How tuned entries name a weight format: (activation dtype, group size, symmetric)."""
-    return str(dtype).replace("torch.", ""), group_size, symmetric
+def format_key(dtype: torch.dtype, group_size: int, symmetric: bool, act_order: bool = False) -> tuple[str, int, bool, bool]:
+    """How tuned entries name a weight format: (activation dtype, group size, symmetric, act-order)."""
+    return str(dtype).replace("torch.", ""), group_size, symmetric, act_order
 
 
 @functools.lru_cache(maxsize=None)
@@ -68,8 +68,8 @@ def load_tuned_table(device_name: str) -> tuple[str, dict, dict] | None:
     """The shipped tuned table whose `applies_to` matches this device name, as
     (file, {(N, K): rows sorted by M}, {(N, K, format_key): {M: row}}).
 
-    Entries without `dtype` / `group_size` / `symmetric` fields were tuned on the table's base
-    format (fp16 activations, the table's `group_size`, asymmetric) and serve every format; entries
+    Entries without `dtype` / `group_size` / `symmetric` / `act_order` fields were tuned on the table's
+    base format (fp16 activations, the table's `group_size`, asymmetric) and serve every format; entries
     with them were tuned on that format and take precedence for their exact M bucket.
     """
     for path in sorted(_TUNED_DIR.glob("tuned_*.json")):
@@ -78,8 +78,9 @@ def load_tuned_table(device_name: str) -> tuple[str, dict, dict] | None:
             base: dict = {}
             by_format: dict = {}
             for row in data["entries"]:
-                if any(key in row for key in ("dtype", "group_size", "symmetric")):
-                    fmt = (row.get("dtype", "float16"), row.get("group_size", data["group_size"]), row.get("symmetric", False))
+                if any(key in row for key in ("dtype", "group_size", "symmetric", "act_order")):
+                    fmt = (row.get("dtype", "float16"), row.get("group_size", data["group_size"]), row.get("symmetric", False),
+                           row.get("act_order", False))
                     by_format.setdefault((row["N"], row["K"], fmt), {})[row["M"]] = row
                 else:
                     base.setdefault((row["N"], row["K"]), []).append(row)
@@ -91,9 +92,12 @@ def load_tuned_table(device_name: str) -> tuple[str, dict, dict] | None:
 
 def tuned_row(table: dict, by_format: dict, mb: int, n: int, k: int, fmt: tuple) -> dict | None:
     """The tuned entry for M bucket mb of an N x K weight in format fmt (see `load_tuned_table`):
-    the format's own entry for exactly this bucket, else the base entry of the first bucket >= mb
-    (the last one beyond the table), else None (shape not tuned)."""
+    the format's own entry for exactly this bucket (for act-order, else that of the same format
+    without it), else the base entry of the first bucket >= mb (the last one beyond the table), else
+    None (shape not tuned)."""
     row = by_format.get((n, k, fmt), {}).get(mb)
+    if row is None and fmt[3]:
+        row = by_format.get((n, k, (*fmt[:3], False)), {}).get(mb)
     if row is None:
         rows = table.get((n, k))
         if rows:
@@ -132,7 +136,8 @@ def _heuristic(m: int, n: int, k: int, sm_count: int) -> Plan:
     return Plan(path, cfg, "heuristic")
 
 
-CONFIG_KEYS = ("BLOCK_N", "BLOCK_M", "SPLIT_K", "PROGRAMS", "num_warps", "num_stages", "maxnreg", "SCALE_IN_OPERAND", "ONE_TOKEN")
+CONFIG_KEYS = ("BLOCK_N", "BLOCK_M", "SPLIT_K", "PROGRAMS", "num_warps", "num_stages", "maxnreg", "SCALE_IN_OPERAND", "ONE_TOKEN",
+               "GATHER_X")
 
 
 def _forced(path: str, m: int, n: int, k: int, config: dict | None = None) -> Plan:
@@ -163,12 +168,13 @@ def _forced_default(path: str, m: int) -> Plan:
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, device: torch.device, symmetric: bool) -> Plan:
+def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, device: torch.device, symmetric: bool,
+                 act_order: bool) -> Plan:
     name, sm_count = _device_info(device)
     tuned = load_tuned_table(name)
     if tuned is not None:
         file, table, by_format = tuned
-        row = tuned_row(table, by_format, mb, n, k, format_key(dtype, group_size, symmetric))
+        row = tuned_row(table, by_format, mb, n, k, format_key(dtype, group_size, symmetric, act_order))
         if row is not None:
             cfg = {key: row[key] for key in CONFIG_KEYS if key in row}
             plan = Plan(row["path"], cfg, f"tuned:{file}")
@@ -176,7 +182,8 @@ def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, d
             plan = _heuristic(mb, n, k, sm_count)
     else:
         plan = _heuristic(mb, n, k, sm_count)
-    logger.debug("w4a16 plan M<=%d N=%d K=%d G=%d %s sym=%s on %s: %s", mb, n, k, group_size, dtype, symmetric, name, plan)
+    logger.debug("w4a16 plan M<=%d N=%d K=%d G=%d %s sym=%s act-order=%s on %s: %s", mb, n, k, group_size, dtype, symmetric,
+                 act_order, name, plan)
     return plan
 
 
@@ -191,6 +198,7 @@ def plan_gemm(
     symmetric: bool = False,
     strict: bool = False,
     config: dict | None = None,
+    act_order: bool = False,
 ) -> Plan:
     """The plan for y[m, n] = x[m, k] @ W. `path` other than "auto" forces a path (and `config`
     may then override its launch configuration: tests and benchmarks).
@@ -206,7 +214,7 @@ def plan_gemm(
         if strict:
             raise RuntimeError(f"w4a16: no Triton path for tensors on {device} (strict): only the plain torch reference runs there")
         return Plan("reference", {}, "cpu")
-    plan = _plan_cached(m_bucket(m), n, k, group_size, dtype, device, symmetric)
+    plan = _plan_cached(m_bucket(m), n, k, group_size, dtype, device, symmetric, act_order)
     if strict and not plan.source.startswith("tuned"):
         raise RuntimeError(
             f"w4a16: no tuned configuration for M={m} N={n} K={k} on {_device_info(device)[0]} (strict); "

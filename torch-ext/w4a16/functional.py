@@ -60,7 +60,7 @@ def plan_for(weight: W4A16Weight, m: int, dtype: torch.dtype = torch.float16, st
     """The path and launch configuration a call with M = m tokens will take on the weight's device."""
     return plan_gemm(
         m, weight.out_features, weight.in_features, weight.group_size, dtype, weight.qweight.device,
-        symmetric=weight.symmetric, strict=strict,
+        symmetric=weight.symmetric, strict=strict, act_order=weight.act_order,
     )
 
 

@@ -306,6 +306,24 @@ def _gather_x_block(x_ptrs, block, block_end, K, offs_w, x_mask, EVEN_K: tl.cons
 
 
 @triton.jit
+def _gather_x_rows(x_ptr, perm_ptr, xg_ptr, tile_m, block_start, block_end, M, K, stride_xm, BLOCK_M: tl.constexpr):
+    """Act-order in the kernel: xg[m, k] = x[m, perm[k]] for the tile's rows m and the 128-row blocks
+    [block_start, block_end) of K, then a CTA barrier, after which the program reads xg (contiguous
+    [M, K]) like x. Programs that share these rows write the same values to the same places, so none
+    depends on another's writes; each reads only what it wrote itself."""
+    offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < M
+    for block in range(block_start, block_end):
+        rows = block * 128 + tl.arange(0, 128)
+        row_mask = rows < K
+        src = tl.load(perm_ptr + rows, mask=row_mask, other=0)
+        mask = m_mask[:, None] & row_mask[None, :]
+        values = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + src[None, :], mask=mask, other=0.0)
+        tl.store(xg_ptr + offs_m[:, None].to(tl.int64) * K + rows[None, :], values, mask=mask)
+    tl.debug_barrier()
+
+
+@triton.jit
 def _split_range(num_blocks, SPLIT_K):
     """The 128-row blocks [start, end) of K handled by this split-K program."""
     per_split = tl.cdiv(num_blocks, SPLIT_K)
@@ -444,7 +462,7 @@ def _tile_accumulate(
 
 @triton.jit
 def _w4a16_tc_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr,
+    x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, perm_ptr, xg_ptr,
     M, N, K, stride_xm, stride_ym,
     GROUP_SIZE: tl.constexpr,
     FOLD_SUBS: tl.constexpr,  # 16-row slices per scale fold: min(G, 128) / 16 (8 for per-channel)
@@ -453,6 +471,7 @@ def _w4a16_tc_kernel(
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K, IS_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     ONE_TOKEN: tl.constexpr,  # M == 1: the fold's x sums from one row (see _tile_accumulate)
     PER_CHANNEL: tl.constexpr,  # G == K: fold once after the loop (see _tile_accumulate)
+    GATHER_X: tl.constexpr,  # act-order: x[:, perm] gathered into xg by each program (_gather_x_rows)
 ):
     """y[M, N] = x[M, K] @ W[K, N] with W in the kernel-native layout, on tensor cores.
 
@@ -476,8 +495,15 @@ def _w4a16_tc_kernel(
     asynchronous copies.
     """
     block_start, block_end = _split_range(tl.cdiv(K, 128), SPLIT_K)
+    if GATHER_X:
+        _gather_x_rows(x_ptr, perm_ptr, xg_ptr, tl.program_id(1), block_start, block_end, M, K, stride_xm, BLOCK_M)
+        x_src = xg_ptr
+        stride_src = K
+    else:
+        x_src = x_ptr
+        stride_src = stride_xm
     acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
-        x_ptr, qw_ptr, s_ptr, z_ptr, tl.program_id(0), tl.program_id(1), block_start, block_end, M, N, K, stride_xm,
+        x_src, qw_ptr, s_ptr, z_ptr, tl.program_id(0), tl.program_id(1), block_start, block_end, M, N, K, stride_src,
         GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N, BLOCK_M, EVEN_K,
         ONE_TOKEN, PER_CHANNEL,
     )
@@ -486,12 +512,12 @@ def _w4a16_tc_kernel(
 
 @triton.jit
 def _w4a16_streamk_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr,
+    x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, perm_ptr, xg_ptr,
     M, N, K, stride_xm, stride_ym,
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, ONE_TOKEN: tl.constexpr,
-    PER_CHANNEL: tl.constexpr,
+    PER_CHANNEL: tl.constexpr, GATHER_X: tl.constexpr,
 ):
     """Stream-K form of `_w4a16_tc_kernel`: a persistent grid (P,) shares the work evenly.
 
@@ -518,8 +544,15 @@ def _w4a16_streamk_kernel(
         tile = unit // kb
         block_start = unit - tile * kb
         block_end = tl.minimum(kb, block_start + (end - unit))
+        if GATHER_X:
+            _gather_x_rows(x_ptr, perm_ptr, xg_ptr, tile // tiles_n, block_start, block_end, M, K, stride_xm, BLOCK_M)
+            x_src = xg_ptr
+            stride_src = K
+        else:
+            x_src = x_ptr
+            stride_src = stride_xm
         acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
-            x_ptr, qw_ptr, s_ptr, z_ptr, tile % tiles_n, tile // tiles_n, block_start, block_end, M, N, K, stride_xm,
+            x_src, qw_ptr, s_ptr, z_ptr, tile % tiles_n, tile // tiles_n, block_start, block_end, M, N, K, stride_src,
             GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N, BLOCK_M, EVEN_K,
             ONE_TOKEN, PER_CHANNEL,
         )
@@ -697,10 +730,11 @@ _launch_by_plan: dict = {}  # id(plan) -> (plan, format, _MatmulLaunch), for the
 
 
 def _matmul_launch(plan: Plan, dtype: torch.dtype, device_type: str, symmetric: bool, in_features: int, group_size: int,
-                   one_token: bool) -> _MatmulLaunch:
-    """The prepared launch of `plan` for this format (and M == 1 or not): built on a plan's first call,
-    then looked up (a forced plan, made afresh per call by tests and benchmarks, is prepared afresh too)."""
-    fmt = (dtype, device_type, symmetric, in_features, group_size, one_token)
+                   one_token: bool, gather_x: bool) -> _MatmulLaunch:
+    """The prepared launch of `plan` for this format (M == 1 or not, act-order gathered in the kernel or
+    not): built on a plan's first call, then looked up (a forced plan, made afresh per call by tests
+    and benchmarks, is prepared afresh too)."""
+    fmt = (dtype, device_type, symmetric, in_features, group_size, one_token, gather_x)
     entry = _launch_by_plan.get(id(plan))
     if entry is not None and entry[0] is plan and entry[1] == fmt:
         return entry[2]
@@ -710,7 +744,7 @@ def _matmul_launch(plan: Plan, dtype: torch.dtype, device_type: str, symmetric: 
     return prepared
 
 
-def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_features, group_size, one_token) -> _MatmulLaunch:
+def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_features, group_size, one_token, gather_x) -> _MatmulLaunch:
     cfg = plan.config
     block_n, block_m, split_k = cfg["BLOCK_N"], cfg["BLOCK_M"], cfg.get("SPLIT_K", 1)
     constexprs = dict(FOLD_SUBS=_fold_subs(group_size, in_features), SYMMETRIC=symmetric, BLOCK_N=block_n, BLOCK_M=block_m,
@@ -732,20 +766,23 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
         # x sums from one row at M = 1 (only the fold sums x): a tuned option, off unless the entry sets it
         ONE_TOKEN=one_token and cfg.get("ONE_TOKEN", False) and not cfg.get("SCALE_IN_OPERAND", False),
         PER_CHANNEL=group_size == in_features,  # one group: the fold runs once per tile, after the loop
+        GATHER_X=gather_x,
     )
+    tensors = _TENSOR_ARGS + ("perm_ptr", "xg_ptr")
     if plan.path == "streamk":
-        kernel = PreparedLaunch(_w4a16_streamk_kernel, tensor_core, options, _TENSOR_ARGS, ints)
+        kernel = PreparedLaunch(_w4a16_streamk_kernel, tensor_core, options, tensors, ints)
         return _MatmulLaunch(plan.path, block_n, block_m, 1, cfg["PROGRAMS"], kernel)
-    kernel = PreparedLaunch(_w4a16_tc_kernel, dict(tensor_core, IS_SPLIT=split_k > 1), options, _TENSOR_ARGS, ints + ("SPLIT_K",))
+    kernel = PreparedLaunch(_w4a16_tc_kernel, dict(tensor_core, IS_SPLIT=split_k > 1), options, tensors, ints + ("SPLIT_K",))
     return _MatmulLaunch(plan.path, block_n, block_m, split_k, 0, kernel)
 
 
-def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out=None) -> torch.Tensor:
-    """Launch the GEMV, tensor-core or Stream-K kernel of `plan` on x2 [M, K] (already permuted for act-order)."""
+def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out=None, perm=None) -> torch.Tensor:
+    """Launch the GEMV, tensor-core or Stream-K kernel of `plan` on x2 [M, K]: already permuted for
+    act-order, or with `perm` given (tensor-core paths), gathered by the kernel itself."""
     m, k = x2.shape
     n = scales.shape[1]
     device = x2.device
-    run = _matmul_launch(plan, x2.dtype, device.type, zeros is None, in_features, group_size, m == 1)
+    run = _matmul_launch(plan, x2.dtype, device.type, zeros is None, in_features, group_size, m == 1, perm is not None)
     y = torch.empty((m, n), device=device, dtype=x2.dtype) if out is None else out
     tiles = -(-n // run.block_n) * -(-m // run.block_m)  # ceil-divs (triton.cdiv costs ~3 us from the host)
     stream = current_stream(device)
@@ -768,8 +805,11 @@ def _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, p
     ints = (m, n, k, x2.stride(0), y.stride(0))
     if run.path == "gemv":
         ints += (group_size, run.split_k)
-    elif run.path != "streamk":
-        ints += (run.split_k,)
+    else:
+        # act-order gathered in the kernel: perm and the [M, K] scratch it fills (else unused: x2)
+        tensors += (x2, x2) if perm is None else (perm, torch.empty((m, k), device=device, dtype=x2.dtype))
+        if run.path != "streamk":
+            ints += (run.split_k,)
     run.kernel(grid, tensors, ints, stream)
     return y
 
@@ -828,10 +868,13 @@ def _matmul_checked(x, qweight, scales, zeros, perm, in_features: int, group_siz
     if m == 0:
         return x.new_empty((*lead, n))
     plan = plan_gemm(m, n, in_features, group_size, x2.dtype, x2.device, path=path, symmetric=zeros is None, strict=strict,
-                     config=config)
+                     config=config, act_order=perm is not None)
     if out is not None and (tuple(out.shape) != (m, n) or out.dtype != x2.dtype or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous {x2.dtype} tensor of shape [M, N] = {(m, n)}, got {out.dtype} {tuple(out.shape)}")
-    if perm is not None:  # act-order: one gather of x per call (fused into the kernel it was slower)
+    # act-order: the tensor-core kernels gather x themselves where the tuned entry says so (GATHER_X);
+    # otherwise one gather of x per call (in the kernel's x loads it was slower: NOTES v5)
+    gather_in_kernel = perm is not None and plan.path in ("splitk", "tiled", "streamk") and plan.config.get("GATHER_X", False)
+    if perm is not None and not gather_in_kernel:
         x2 = x2.index_select(1, perm)
     if plan.path == "reference":
         y = _reference_matmul(x2, qweight, scales, zeros, in_features, group_size)
@@ -839,7 +882,7 @@ def _matmul_checked(x, qweight, scales, zeros, perm, in_features: int, group_siz
         w = dequantize_native(qweight, scales, zeros, in_features, group_size, x2.dtype)
         y = torch.nn.functional.linear(x2, w)
     else:
-        y = _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, plan, out)
+        y = _launch_matmul_kernel(x2, qweight, scales, zeros, in_features, group_size, plan, out, perm if gather_in_kernel else None)
     if out is not None and y is not out:
         out.copy_(y)
         y = out
