@@ -34,7 +34,6 @@ def main() -> None:
     x = torch.randn(1, k, device="cuda", dtype=torch.float16)
     w16 = torch.randn(n, k, device="cuda", dtype=torch.float16)
     layer = kernel.W4A16Linear.from_weight(weight, dtype=torch.float16)
-    gemm = kernel.gemm
     plan = kernel.plan_for(weight, 1)
     x2 = x.reshape(-1, k)
     args_op = (x, weight.qweight, weight.scales, weight.zeros, weight.perm, k, g)
@@ -43,9 +42,9 @@ def main() -> None:
         "W4A16Linear forward (module)": lambda: layer(x),
         "w4a16_linear (eager API)": lambda: kernel.w4a16_linear(x, weight),
         "ops.gemm (custom op dispatch)": lambda: kernel.ops.gemm(*args_op, "auto", False),
-        "w4a16_matmul (validate + plan + launch)": lambda: gemm.w4a16_matmul(*args_op),
-        "_launch_matmul_kernel (launch only)": lambda: gemm._launch_matmul_kernel(x2, weight.qweight, weight.scales, weight.zeros, k, g, plan),
-        "validate_gemm_inputs": lambda: gemm.validate_gemm_inputs(*args_op),
+        "w4a16_matmul (validate + plan + launch)": lambda: kernel.matmul.w4a16_matmul(*args_op),
+        "launch_gemm (launch only)": lambda: kernel.gemm.launch_gemm(x2, weight.qweight, weight.scales, weight.zeros, k, g, plan),
+        "validate_gemm_inputs": lambda: kernel.matmul.validate_gemm_inputs(*args_op),
         "plan_gemm": lambda: kernel.plan_gemm(1, n, k, g, x.dtype, x.device),
         "torch.empty([1, N])": lambda: torch.empty((1, n), device="cuda", dtype=torch.float16),
     }

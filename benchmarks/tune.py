@@ -99,7 +99,7 @@ def time_candidate(kernel, weights, x, k, group_size, path, config, reference=No
     whose output differs from it by more than 2% (relative) raises instead, so a wrong kernel
     configuration can never be the fastest entry of the table."""
     def call(w):  # the forced path with exactly this configuration, through the package's own entry point
-        return kernel.gemm.w4a16_matmul(x, w.qweight, w.scales, w.zeros, w.perm, k, group_size, path=path, config=config)
+        return kernel.matmul.w4a16_matmul(x, w.qweight, w.scales, w.zeros, w.perm, k, group_size, path=path, config=config)
 
     if reference is not None:
         err = float((call(weights[0]).float() - reference).norm() / reference.norm())
@@ -147,7 +147,7 @@ def main() -> None:
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             w0 = weights[0]
-            reference = kernel.gemm.w4a16_matmul(x, w0.qweight, w0.scales, w0.zeros, w0.perm, k, g, path="dense").float()
+            reference = kernel.matmul.w4a16_matmul(x, w0.qweight, w0.scales, w0.zeros, w0.perm, k, g, path="dense").float()
             best = None
             for path, config in with_gather(candidates(m, n, k, sm_count), act_order):
                 try:

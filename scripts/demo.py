@@ -34,7 +34,7 @@ def main() -> None:
         config = {"SCALE_IN_OPERAND": mode == "operand"} if mode else None
         for m in (1, 16, 33):
             x = torch.randn(m, k, dtype=torch.float16)
-            y = w4a16.gemm.w4a16_matmul(x, prepared.qweight, prepared.scales, prepared.zeros, prepared.perm, k, group_size,
+            y = w4a16.matmul.w4a16_matmul(x, prepared.qweight, prepared.scales, prepared.zeros, prepared.perm, k, group_size,
                                         path=path, config=config)
             ref = x.double() @ reference_weight
             print(f"{name:15s} {m:4d}  {float((y.double() - ref).norm() / ref.norm()):.2e}")

@@ -70,7 +70,7 @@ def run_and_check(w4a16, weight, ref, x, path):
         config = {"SCALE_IN_OPERAND": False, "ONE_TOKEN": True}
     if mode.endswith("-gather"):  # act-order: the kernel gathers x[:, perm] itself (used when tuned so)
         config["GATHER_X"] = True
-    y = w4a16.gemm.w4a16_matmul(
+    y = w4a16.matmul.w4a16_matmul(
         x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features, weight.group_size,
         path=kernel_path, out=out, config=config,
     )
@@ -276,13 +276,13 @@ def test_bad_inputs_raise_clear_errors(w4a16):
     x = torch.randn(2, 256).half()
     row_major = weight.qweight.permute(0, 2, 1, 3).reshape(64, 32)  # the pre-tile [N, Kp/8] layout
     with pytest.raises(ValueError, match=r"qweight must have shape \[ceil\(N/64\), ceil\(K/128\), 64, 16\] = \[1, 2, 64, 16\]"):
-        w4a16.gemm.w4a16_matmul(x, row_major, weight.scales, weight.zeros, None, 256, 128)
+        w4a16.matmul.w4a16_matmul(x, row_major, weight.scales, weight.zeros, None, 256, 128)
     with pytest.raises(TypeError, match="qweight must be an int32"):
-        w4a16.gemm.w4a16_matmul(x, weight.qweight.to(torch.int64), weight.scales, weight.zeros, None, 256, 128)
+        w4a16.matmul.w4a16_matmul(x, weight.qweight.to(torch.int64), weight.scales, weight.zeros, None, 256, 128)
     with pytest.raises(ValueError, match="scales must be a float tensor of shape"):
-        w4a16.gemm.w4a16_matmul(x, weight.qweight, weight.scales[0], weight.zeros, None, 256, 128)
+        w4a16.matmul.w4a16_matmul(x, weight.qweight, weight.scales[0], weight.zeros, None, 256, 128)
     with pytest.raises(ValueError, match="scales is on meta but qweight is on cpu"):
-        w4a16.gemm.w4a16_matmul(x, weight.qweight, weight.scales.to("meta"), weight.zeros, None, 256, 128)
+        w4a16.matmul.w4a16_matmul(x, weight.qweight, weight.scales.to("meta"), weight.zeros, None, 256, 128)
     # a W4A16Weight checks its tensors when it is made (calls on it then check x only)
     fields = dict(qweight=weight.qweight, scales=weight.scales, zeros=weight.zeros, perm=None, in_features=256,
                   out_features=32, group_size=128)
@@ -367,14 +367,14 @@ def test_split_k_counters_are_reused_clean(w4a16, device):
         assert work.numel() >= 100 and counters.numel() >= 64 and int(counters.abs().sum()) == 0
     # a register cap (tuned entries carry `maxnreg`) is a launch option only: same result
     x = torch.randn(3, 512).to(device=device, dtype=torch.float16)
-    capped = w4a16.gemm.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, None, 512, 128, path="splitk",
+    capped = w4a16.matmul.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, None, 512, 128, path="splitk",
                                      config={"SCALE_IN_OPERAND": False, "maxnreg": 128})
     expected = x.double() @ ref
     assert float((capped.double() - expected).norm() / expected.norm()) < TOL[torch.float16]
     # Stream-K with more programs than work units (they are clamped) and sharing patterns of 1-3
     # programs per tile; every launch must leave the counters zeroed for the next
     for programs in (2, 3, 5, 64):
-        y = w4a16.gemm.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, None, 512, 128, path="streamk",
+        y = w4a16.matmul.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, None, 512, 128, path="streamk",
                                     config={"PROGRAMS": programs})
         assert float((y.double() - expected).norm() / expected.norm()) < TOL[torch.float16], programs
         _, counters = launch.split_k_scratch(dev, launch.current_stream(dev), 64, 1)

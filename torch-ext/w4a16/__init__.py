@@ -11,7 +11,7 @@ from ._ops import add_op_namespace_prefix, ops
 from .dispatch import Plan, plan_gemm
 from .formats import import_awq, import_compressed_tensors, import_gptq
 from .functional import LayerCheck, check_layer, plan_for, w4a16_gemm, w4a16_linear
-from .gemm import validate_gemm_inputs, w4a16_matmul
+from .matmul import validate_gemm_inputs, w4a16_matmul
 from .layout import W4A16Weight, prepare_weight
 from .quantize import dequantize_int4_grouped, pack_int4_k_major, quantize_weight_int4_grouped, unpack_int4_k_major
 from . import layers

@@ -12,7 +12,7 @@ import torch
 
 from ._ops import ops
 from .dispatch import Plan, plan_gemm
-from .gemm import matmul_weight
+from .matmul import matmul_weight
 from .layout import W4A16Weight, prepare_weight
 
 __all__ = ["w4a16_linear", "w4a16_gemm", "plan_for", "check_layer", "LayerCheck"]

@@ -1,0 +1,100 @@
+"""The GEMM's entry point: check the inputs, plan the call by shape, run the planned path.
+
+    x [..., K] fp16/bf16 -> checks (here; a W4A16Weight's tensors were checked when it was made)
+      -> dispatch.plan_gemm (path and launch configuration from the tuned table)
+      -> gemm.launch_gemm (Triton kernels) | cuBLAS on gemm.dequantize_native's copy | plain torch (CPU)
+      -> y [..., N] in x's dtype
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .dispatch import plan_gemm
+from .gemm import dequantize_native, launch_gemm
+from .layout import W4A16Weight, unpack_int4_tiled_striped, validate_weight_tensors
+from .quantize import apply_group_params
+
+__all__ = ["w4a16_matmul", "matmul_weight", "validate_gemm_inputs", "validate_activation"]
+
+
+def validate_activation(x, in_features: int, device: torch.device) -> None:
+    """Raise a clear TypeError / ValueError unless x is an fp16 / bf16 tensor [..., in_features] on `device`."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"x must be a float16 or bfloat16 tensor, got {getattr(x, 'dtype', type(x))}")
+    if x.dim() < 1 or x.shape[-1] != in_features:
+        raise ValueError(f"x must have in_features={in_features} as its last dim, got shape {tuple(x.shape)}")
+    if x.device != device:
+        raise ValueError(f"x is on {x.device} but the weight is on {device}: all tensors must be on one device")
+
+
+def validate_gemm_inputs(x, qweight, scales, zeros, perm, in_features: int, group_size: int) -> int:
+    """Raise a clear TypeError / ValueError for anything the kernels cannot take; return the effective
+    group size (K for -1). Cheap (no syncs)."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"x must be a float16 or bfloat16 tensor, got {getattr(x, 'dtype', type(x))}")
+    group_size = validate_weight_tensors(qweight, scales, zeros, perm, in_features, group_size)
+    validate_activation(x, in_features, qweight.device)
+    return group_size
+
+
+def _reference_matmul(x2, qweight, scales, zeros, in_features, group_size) -> torch.Tensor:
+    """Plain torch: dequantize (fp32) and matmul. The CPU path of the op."""
+    w = apply_group_params(unpack_int4_tiled_striped(qweight, in_features, scales.shape[1]), scales, zeros, group_size, torch.float32)
+    return (x2.to(torch.float32) @ w).to(x2.dtype)
+
+
+def w4a16_matmul(
+    x, qweight, scales, zeros, perm, in_features: int, group_size: int, path: str = "auto", strict: bool = False,
+    out: torch.Tensor | None = None, config: dict | None = None,
+) -> torch.Tensor:
+    """y[..., N] = x[..., K] @ W for a kernel-native weight: validate, plan by shape, launch.
+
+    `path="auto"` takes the dispatcher's plan (plain torch on CPU tensors); a named path
+    ("gemv", "splitk", "streamk", "tiled", "dense", "reference") forces that kernel, which is how tests run the
+    Triton kernels on CPU tensors under TRITON_INTERPRET=1. `out` ([M, N] contiguous, x's dtype)
+    receives the result when given (tests poison it to catch unwritten elements). `config`
+    overrides a forced path's launch configuration (see dispatch.CONFIG_KEYS).
+    """
+    group_size = validate_gemm_inputs(x, qweight, scales, zeros, perm, in_features, group_size)
+    return _matmul_checked(x, qweight, scales, zeros, perm, in_features, group_size, path, strict, out, config)
+
+
+def matmul_weight(x: torch.Tensor, weight: W4A16Weight, path: str = "auto", strict: bool = False) -> torch.Tensor:
+    """`w4a16_matmul` on a `W4A16Weight`: its tensors were checked when it was made, so a call checks x only."""
+    validate_activation(x, weight.in_features, weight.qweight.device)
+    return _matmul_checked(x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features, weight.group_size,
+                           path, strict)
+
+
+def _matmul_checked(x, qweight, scales, zeros, perm, in_features: int, group_size: int, path: str = "auto", strict: bool = False,
+                    out: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
+    """The body of `w4a16_matmul` on validated inputs (group_size the effective one): plan, launch."""
+    lead = x.shape[:-1]
+    x2 = x if x.dim() == 2 else x.reshape(-1, in_features)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    n = scales.shape[1]
+    if m == 0:
+        return x.new_empty((*lead, n))
+    plan = plan_gemm(m, n, in_features, group_size, x2.dtype, x2.device, path=path, symmetric=zeros is None, strict=strict,
+                     config=config, act_order=perm is not None)
+    if out is not None and (tuple(out.shape) != (m, n) or out.dtype != x2.dtype or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous {x2.dtype} tensor of shape [M, N] = {(m, n)}, got {out.dtype} {tuple(out.shape)}")
+    # act-order: the tensor-core kernels gather x themselves where the tuned entry says so (GATHER_X);
+    # otherwise one gather of x per call (in the kernel's x loads it was slower: NOTES v5)
+    gather_in_kernel = perm is not None and plan.path in ("splitk", "tiled", "streamk") and plan.config.get("GATHER_X", False)
+    if perm is not None and not gather_in_kernel:
+        x2 = x2.index_select(1, perm)
+    if plan.path == "reference":
+        y = _reference_matmul(x2, qweight, scales, zeros, in_features, group_size)
+    elif plan.path == "dense":
+        w = dequantize_native(qweight, scales, zeros, in_features, group_size, x2.dtype)
+        y = torch.nn.functional.linear(x2, w)
+    else:
+        y = launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan, out, perm if gather_in_kernel else None)
+    if out is not None and y is not out:
+        out.copy_(y)
+        y = out
+    return y if x.dim() == 2 else y.reshape(*lead, n)
