@@ -24,12 +24,14 @@ READ_TBPS = 4.2  # measured H200 streaming-read ceiling (PERFORMANCE.md)
 
 
 def load_kernel():
-    """Build the variants into a temp dir and load them with get_kernel, as users do."""
+    """Build the variants into a temp dir and load them with get_kernel, as users do. The environment
+    variable W4A16_SOURCE names other package sources to build instead of torch-ext/w4a16 (an older
+    commit's, for an A/B comparison in one GPU call: gpu_session.sh's `ab` step)."""
     spec = importlib.util.spec_from_file_location("build_variants", REPO / "scripts" / "build_variants.py")
     builder = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(builder)
     out = Path(tempfile.mkdtemp(prefix="w4a16-build-"))
-    builder.build_variants(out)
+    builder.build_variants(out, src=os.environ.get("W4A16_SOURCE") or None)
     os.environ["LOCAL_KERNELS"] = f"{REPO_ID}={out}"
     from kernels import get_kernel
 

@@ -61,13 +61,16 @@ def source_revision() -> str:
     return f"{rev}_dirty" if dirty else rev
 
 
-def build_variants(out_dir: Path | str | None = None, backends=BACKENDS) -> dict[str, Path]:
-    """Write `<out_dir>/torch-<backend>/` for each backend and return {backend: variant dir}."""
+def build_variants(out_dir: Path | str | None = None, backends=BACKENDS, src: Path | str | None = None) -> dict[str, Path]:
+    """Write `<out_dir>/torch-<backend>/` for each backend and return {backend: variant dir}.
+
+    `src`: the package sources to build (default: this tree's torch-ext/<name>; an older tree's sources
+    for A/B benchmarks, see benchmarks/NOTES.md)."""
     out_dir = Path(out_dir) if out_dir is not None else REPO / "build"
     config = tomllib.loads((REPO / "build.toml").read_text())
     general = config["general"]
     name = general["name"]
-    src = REPO / "torch-ext" / name.replace("-", "_")
+    src = Path(src) if src is not None else REPO / "torch-ext" / name.replace("-", "_")
     exts = {f".{ext}" for ext in config.get("torch-noarch", {}).get("pyext", ["py"])}
     files = [
         p for p in sorted(src.rglob("*"))
