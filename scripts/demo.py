@@ -26,18 +26,33 @@ def main() -> None:
     reference_weight = w4a16.dequantize_int4_grouped(packed, scales, zeros, group_size, torch.float64)
     print(f"layer K={k} N={n}: {prepared.describe()}; "
           f"4-bit weight error vs original: {float((reference_weight - weight.double()).norm() / weight.norm()):.3%}")
-    print(f"{'path':15s} {'M':>4s}  relative error vs float64 (x @ dequantized W)")
+    print(f"{'path':22s} {'M':>4s}  relative error vs float64 (x @ dequantized W)")
     # The tensor-core paths in both scale modes (fold: per group on the fp32 accumulator; operand:
     # dequantized in the MMA operand); the dispatcher picks per shape from the tuned table.
-    for name in ("gemv", "splitk:fold", "splitk:operand", "streamk:fold", "tiled:fold", "tiled:operand", "dense"):
+    # "fold-one-token": the M = 1 fold option the tuner may pick (ONE_TOKEN; the plain fold at other M).
+    for name in ("gemv", "splitk:fold", "splitk:fold-one-token", "splitk:operand", "streamk:fold", "tiled:fold", "tiled:operand",
+                 "dense"):
         path, _, mode = name.partition(":")
         config = {"SCALE_IN_OPERAND": mode == "operand"} if mode else None
+        if mode == "fold-one-token":
+            config = {"SCALE_IN_OPERAND": False, "ONE_TOKEN": True}
         for m in (1, 16, 33):
             x = torch.randn(m, k, dtype=torch.float16)
             y = w4a16.matmul.w4a16_matmul(x, prepared.qweight, prepared.scales, prepared.zeros, prepared.perm, k, group_size,
                                         path=path, config=config)
             ref = x.double() @ reference_weight
-            print(f"{name:15s} {m:4d}  {float((y.double() - ref).norm() / ref.norm()):.2e}")
+            print(f"{name:22s} {m:4d}  {float((y.double() - ref).norm() / ref.norm()):.2e}")
+    # act-order: x gathered by a separate gather, or by the tensor-core kernel itself (GATHER_X)
+    g_idx = torch.randperm(k) // group_size
+    ordered = w4a16.prepare_weight(packed, scales, zeros, group_size, g_idx=g_idx.to(torch.int32))
+    reference_ordered = ordered.dequantize(torch.float64)
+    for name, config in (("splitk act-order", None), ("splitk GATHER_X", {"GATHER_X": True})):
+        for m in (1, 16):
+            x = torch.randn(m, k, dtype=torch.float16)
+            y = w4a16.matmul.w4a16_matmul(x, ordered.qweight, ordered.scales, ordered.zeros, ordered.perm, k, group_size,
+                                        path="splitk", config=config)
+            ref = x.double() @ reference_ordered
+            print(f"{name:22s} {m:4d}  {float((y.double() - ref).norm() / ref.norm()):.2e}")
     print("On a GPU, scripts/run.sh runs benchmarks/bench_gemm.py instead.")
 
 
