@@ -1,0 +1,49 @@
+"""benchmarks/tune.py's candidate lists: every configuration it would time is one the package accepts.
+
+The tuner runs on the GPU and skips (logs) a candidate that raises, so a misspelt key or an option
+offered where it does not apply would silently drop out of the table. These checks run on the CPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _tune_module():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("w4a16_tune", REPO / "benchmarks" / "tune.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("m", [1, 2, 16, 33, 64, 128, 4096])
+@pytest.mark.parametrize("n,k", [(4096, 4096), (57344, 8192), (8192, 28672)])
+def test_candidates_are_accepted_configs(w4a16, m, n, k):
+    tune = _tune_module()
+    dispatch = w4a16.dispatch
+    cpu = torch.device("cpu")
+    plain = list(tune.candidates(m, n, k, sm_count=132))
+    gathered = list(tune.with_gather(iter(plain), act_order=True))
+    assert plain and list(tune.with_gather(iter(plain), act_order=False)) == plain
+    for path, config in gathered:
+        assert path in dispatch.PATHS
+        assert set(config) <= set(dispatch.CONFIG_KEYS), f"{path} {config}"
+        # forced plans validate their keys exactly like the tuner's calls do
+        plan = dispatch.plan_gemm(m, n, k, 128, torch.float16, cpu, path=path, config=config)
+        assert plan.path == path and all(plan.config[key] == value for key, value in config.items())
+        if config.get("ONE_TOKEN"):
+            assert m == 1 and not config["SCALE_IN_OPERAND"]
+        if config.get("GATHER_X"):
+            assert path in ("splitk", "tiled", "streamk") and config["BLOCK_M"] <= 64
+    assert any(c.get("ONE_TOKEN") for _, c in plain) == (m == 1)
+    small_tiles = any(p in ("splitk", "tiled", "streamk") and c["BLOCK_M"] <= 64 for p, c in plain)
+    assert any(c.get("GATHER_X") for _, c in gathered) == small_tiles
