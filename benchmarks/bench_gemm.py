@@ -114,7 +114,7 @@ def print_table(rows, group_size=128):
         else:
             nbytes = timing.w4_bytes(n, k, m, r.get("group_size", group_size), r.get("symmetric", False))
         gbps = nbytes / (r["us"] * 1e-6) / 1e9
-        label = r["impl"] if r["impl"] != "w4a16" else f"w4a16[{r['dtype']},{'per-channel' if r['group_size'] == -1 else 'g' + str(r['group_size'])}{',sym' if r['symmetric'] else ''}{',act' if r['act_order'] else ''}]"
+        label = r["impl"] if r["impl"] != "w4a16" else f"w4a16[{timing.format_label(r)}]"
         ratio = fp16[(r["shape"], m)] / r["us"]
         print(f"{r['shape']:12s} {m:5d} {label:24s} {r['us']:9.2f} {ratio:7.2f} {gbps:7.0f} {100 * gbps / (timing.READ_TBPS * 1e3):7.1f}%")
 
@@ -125,7 +125,7 @@ def summary(rows):
     groups: dict = {}
     for r in rows:
         if r["impl"] in ("w4a16", "torch_int4"):
-            key = (r["impl"] if r["impl"] == "torch_int4" else f"w4a16 {r['dtype']} {'per-channel' if r['group_size'] == -1 else 'g' + str(r['group_size'])}{' sym' if r['symmetric'] else ''}{' act' if r['act_order'] else ''}", r["M"])
+            key = (r["impl"] if r["impl"] == "torch_int4" else f"w4a16 {timing.format_label(r)}", r["M"])
             groups.setdefault(key, []).append(fp16[(r["shape"], r["M"])] / r["us"])
     print("\ngeometric mean of fp16/impl over shapes:")
     for (impl, m), vals in sorted(groups.items()):

@@ -28,8 +28,7 @@ def is_base(r) -> bool:
 def variant_name(r) -> str:
     if is_base(r):
         return "w4a16"
-    parts = [r["dtype"], "per-channel" if r["group_size"] == -1 else f"g{r['group_size']}"] + (["sym"] if r["symmetric"] else []) + (["act-order"] if r["act_order"] else [])
-    return "w4a16 " + " ".join(parts)
+    return "w4a16 " + timing.format_label(r)
 
 
 def nbytes(r) -> int:

@@ -117,11 +117,23 @@ VARIANTS = {  # weight/activation formats benchmarked and tuned: name -> (activa
 }
 
 
+def effective_group_size(group_size: int, k: int) -> int:
+    """G as the kernels take it: -1 (the usual spelling of per-channel) means one group spanning K."""
+    return k if group_size == -1 else group_size
+
+
+def format_label(row: dict) -> str:
+    """A results row's weight format, e.g. "fp16 g128", "bf16 per-channel sym act-order"."""
+    g = row.get("group_size", 128)
+    parts = [row.get("dtype", "fp16"), "per-channel" if g == -1 else f"g{g}"]
+    return " ".join(parts + (["sym"] if row.get("symmetric") else []) + (["act-order"] if row.get("act_order") else []))
+
+
 def random_w4_weights(kernel, n: int, k: int, group_size: int, copies: int, symmetric: bool = False,
                       act_order: bool = False, scale_dtype=torch.float16) -> list:
     """`copies` kernel-native W4A16Weight objects with random codes (any int32 pattern is valid)."""
     shape = kernel.layout.native_qweight_shape(n, k)
-    group_size = k if group_size == -1 else group_size  # per-channel
+    group_size = effective_group_size(group_size, k)
     return [
         kernel.W4A16Weight(
             qweight=torch.randint(-2**31, 2**31 - 1, shape, dtype=torch.int32, device="cuda"),
@@ -135,7 +147,7 @@ def random_w4_weights(kernel, n: int, k: int, group_size: int, copies: int, symm
 
 
 def w4_bytes(n: int, k: int, m: int, group_size: int, symmetric: bool = False) -> int:
-    groups = 1 if group_size == -1 else k // group_size
+    groups = k // effective_group_size(group_size, k)
     return n * k // 2 + n * groups * 2 * (1 if symmetric else 2) + m * k * 2 + m * n * 2
 
 

@@ -130,7 +130,7 @@ def main() -> None:
     def format_fields(k: int) -> dict:
         if args.variant == "base":
             return {}
-        fields = {"dtype": str(dtype).replace("torch.", ""), "group_size": k if group_size == -1 else group_size, "symmetric": symmetric}
+        fields = {"dtype": str(dtype).replace("torch.", ""), "group_size": timing.effective_group_size(group_size, k), "symmetric": symmetric}
         return {**fields, "act_order": True} if act_order else fields
     wanted = set(filter(None, args.shapes.split(",")))
     ms = [int(v) for v in args.m.split(",")]
@@ -141,7 +141,7 @@ def main() -> None:
             continue
         n, k = shape["N"], shape["K"]
         fmt = format_fields(k)
-        g = k if group_size == -1 else group_size
+        g = timing.effective_group_size(group_size, k)
         copies = timing.copies_needed(timing.w4_bytes(n, k, 1, group_size, symmetric))
         weights = timing.random_w4_weights(kernel, n, k, group_size, copies, symmetric, act_order, dtype)
         for m in ms:

@@ -35,7 +35,7 @@ for step in ${STEPS:-tests}; do
                     src=""; [ "$side" = old ] && src="$AB_SOURCE"
                     W4A16_SOURCE="$src" W4A16_COMMIT="${side}:${src:-HEAD}" timeout 150 python3 benchmarks/bench_gemm.py \
                         --shapes "${AB_SHAPES:-8B.gate_up}" --m "${AB_M:-2,4,8}" --out "$OUT/ab_${side}_${run}.json" 2>&1 \
-                        | grep -E "w4a16\[fp16,g128\]" | sed "s/^/${side}${run} /"
+                        | grep -F "w4a16[fp16 g128]" | sed "s/^/${side}${run} /"
                 done
             done ;;
         eager) timeout 120 python3 benchmarks/eager_overhead.py --out "$OUT/eager_overhead.json" 2>&1 | tail -12 ;;

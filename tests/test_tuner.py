@@ -43,7 +43,7 @@ def test_candidates_are_accepted_configs(w4a16, m, n, k):
         if config.get("ONE_TOKEN"):
             assert m == 1 and not config["SCALE_IN_OPERAND"]
         if config.get("GATHER_X"):
-            assert path in ("splitk", "tiled", "streamk") and config["BLOCK_M"] <= 64
+            assert path in dispatch.TENSOR_CORE_PATHS and config["BLOCK_M"] <= 64
     assert any(c.get("ONE_TOKEN") for _, c in plain) == (m == 1)
-    small_tiles = any(p in ("splitk", "tiled", "streamk") and c["BLOCK_M"] <= 64 for p, c in plain)
+    small_tiles = any(p in dispatch.TENSOR_CORE_PATHS and c["BLOCK_M"] <= 64 for p, c in plain)
     assert any(c.get("GATHER_X") for _, c in gathered) == small_tiles

@@ -28,11 +28,12 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "format_key", "tuned_row"]
+__all__ = ["PATHS", "TENSOR_CORE_PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "format_key", "tuned_row"]
 
 logger = logging.getLogger(__name__)
 
 PATHS = ("gemv", "splitk", "streamk", "tiled", "dense", "reference")
+TENSOR_CORE_PATHS = ("splitk", "streamk", "tiled")  # the paths of the tensor-core kernels (their options apply)
 _M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 _TUNED_DIR = Path(__file__).resolve().parent
 
@@ -44,6 +45,9 @@ class Plan:
     path: str
     config: dict = field(default_factory=dict, hash=False, compare=False)
     source: str = "heuristic"  # "tuned:<file>", "heuristic", "forced", "cpu"
+    # The launches gemm.py prepares for this plan, per weight format: kept on the plan, which the
+    # dispatcher memoises, so preparing happens once per (shape bucket, format).
+    launches: dict = field(default_factory=dict, hash=False, compare=False, repr=False)
 
     def __str__(self) -> str:
         cfg = " ".join(f"{k}={v}" for k, v in sorted(self.config.items()))

@@ -370,17 +370,22 @@ def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_m
 
 @triton.jit
 def _tile_accumulate(
-    x_ptr, qw_ptr, s_ptr, z_ptr, tile_n, tile_m, block_start, block_end, M, N, K, stride_xm,
+    x_ptr, perm_ptr, xg_ptr, qw_ptr, s_ptr, z_ptr, tile_n, tile_m, block_start, block_end, M, N, K, stride_xm,
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, ONE_TOKEN: tl.constexpr,
-    PER_CHANNEL: tl.constexpr,
+    PER_CHANNEL: tl.constexpr, GATHER_X: tl.constexpr,
 ):
     """The fp32 y^T tile (tile_n, tile_m) [BLOCK_N, BLOCK_M] summed over the 128-row blocks
     [block_start, block_end) of K, with its offsets and masks: the loop both tensor-core kernels run.
     ONE_TOKEN (M = 1, fold only): the fold's x sums come from x's first row alone (columns >= M of
     the tile then hold values that are never stored). PER_CHANNEL (one group spanning K, fold only):
-    the fold runs once after the loop instead of once per block."""
+    the fold runs once after the loop instead of once per block. GATHER_X (act-order): x[:, perm] is
+    first gathered into xg for the tile's rows and K range (`_gather_x_rows`) and read from there."""
+    if GATHER_X:
+        _gather_x_rows(x_ptr, perm_ptr, xg_ptr, tile_m, block_start, block_end, M, K, stride_xm, BLOCK_M)
+        x_ptr = xg_ptr
+        stride_xm = K
     offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_mask = offs_n < N
@@ -488,23 +493,21 @@ def _w4a16_tc_kernel(
     - otherwise: one dot per scale group on the raw C + q, then the fold
       acc += s * dot - s * (z + C) * sum_k x (exact in fp32 for any zero) after every group.
 
+    Options: PER_CHANNEL (G == K) folds once per tile after the loop; ONE_TOKEN (M == 1, fold) takes
+    the x sums from x's single row; GATHER_X (act-order) first gathers x[:, perm] for the program's
+    rows and K range into xg and reads that instead of x (otherwise perm_ptr / xg_ptr are unused).
+
     Assumes BLOCK_M >= 16, x and y unit-stride along their last dim, qweight / scales / zeros
-    contiguous (scales / zeros [K/G, N]; num_groups K / GROUP_SIZE is derived, G divides K), MAGIC_PAIR = the magic bits of x's dtype in both 16-bit halves. The weight and x^T
-    tiles are only used by the dot, which lets Triton's software pipeliner stream both with
-    asynchronous copies.
+    contiguous (scales / zeros [K/G, N]; num_groups K / GROUP_SIZE is derived, G divides K),
+    MAGIC_PAIR = the magic bits of x's dtype in both 16-bit halves; with GATHER_X, perm int64 [K] and
+    xg a contiguous [M, K] scratch of x's dtype. The weight and x^T tiles are only used by the dot,
+    which lets Triton's software pipeliner stream both with asynchronous copies.
     """
     block_start, block_end = _split_range(tl.cdiv(K, 128), SPLIT_K)
-    if GATHER_X:
-        _gather_x_rows(x_ptr, perm_ptr, xg_ptr, tl.program_id(1), block_start, block_end, M, K, stride_xm, BLOCK_M)
-        x_src = xg_ptr
-        stride_src = K
-    else:
-        x_src = x_ptr
-        stride_src = stride_xm
     acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
-        x_src, qw_ptr, s_ptr, z_ptr, tl.program_id(0), tl.program_id(1), block_start, block_end, M, N, K, stride_src,
-        GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N, BLOCK_M, EVEN_K,
-        ONE_TOKEN, PER_CHANNEL,
+        x_ptr, perm_ptr, xg_ptr, qw_ptr, s_ptr, z_ptr, tl.program_id(0), tl.program_id(1), block_start, block_end, M, N, K,
+        stride_xm, GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N,
+        BLOCK_M, EVEN_K, ONE_TOKEN, PER_CHANNEL, GATHER_X,
     )
     _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
 
@@ -543,17 +546,10 @@ def _w4a16_streamk_kernel(
         tile = unit // kb
         block_start = unit - tile * kb
         block_end = tl.minimum(kb, block_start + (end - unit))
-        if GATHER_X:
-            _gather_x_rows(x_ptr, perm_ptr, xg_ptr, tile // tiles_n, block_start, block_end, M, K, stride_xm, BLOCK_M)
-            x_src = xg_ptr
-            stride_src = K
-        else:
-            x_src = x_ptr
-            stride_src = stride_xm
         acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
-            x_src, qw_ptr, s_ptr, z_ptr, tile % tiles_n, tile // tiles_n, block_start, block_end, M, N, K, stride_src,
-            GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N, BLOCK_M, EVEN_K,
-            ONE_TOKEN, PER_CHANNEL,
+            x_ptr, perm_ptr, xg_ptr, qw_ptr, s_ptr, z_ptr, tile % tiles_n, tile // tiles_n, block_start, block_end, M, N, K,
+            stride_xm, GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N,
+            BLOCK_M, EVEN_K, ONE_TOKEN, PER_CHANNEL, GATHER_X,
         )
         y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
         mask = n_mask[:, None] & m_mask[None, :]
@@ -705,21 +701,17 @@ class _MatmulLaunch:
 
 
 _TENSOR_ARGS = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr")
-_launch_by_plan: dict = {}  # id(plan) -> (plan, format, _MatmulLaunch), for the dispatcher's memoised plans
 
 
 def _matmul_launch(plan: Plan, dtype: torch.dtype, device_type: str, symmetric: bool, in_features: int, group_size: int,
                    one_token: bool, gather_x: bool) -> _MatmulLaunch:
-    """The prepared launch of `plan` for this format (M == 1 or not, act-order gathered in the kernel or
-    not): built on a plan's first call, then looked up (a forced plan, made afresh per call by tests
-    and benchmarks, is prepared afresh too)."""
+    """The prepared launch of `plan` for this format (ONE_TOKEN used or not, act-order gathered in the
+    kernel or not), kept in `plan.launches` (a forced plan, made afresh per call by tests and benchmarks, is
+    prepared afresh too)."""
     fmt = (dtype, device_type, symmetric, in_features, group_size, one_token, gather_x)
-    entry = _launch_by_plan.get(id(plan))
-    if entry is not None and entry[0] is plan and entry[1] == fmt:
-        return entry[2]
-    prepared = _prepare_matmul_launch(plan, *fmt)
-    if plan.source != "forced":
-        _launch_by_plan[id(plan)] = (plan, fmt, prepared)
+    prepared = plan.launches.get(fmt)
+    if prepared is None:
+        prepared = plan.launches[fmt] = _prepare_matmul_launch(plan, *fmt)
     return prepared
 
 
@@ -742,8 +734,7 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
         # Triton's CPU interpreter multiplies bf16 dot operands as raw bits: give it fp32 (exact
         # for C + q and for bf16 activations); the GPU always runs the bf16 MMA.
         DOT_DTYPE=tl.float32 if (device_type == "cpu" and dtype == torch.bfloat16) else _TL_DTYPE[dtype],
-        # x sums from one row at M = 1 (only the fold sums x): a tuned option, off unless the entry sets it
-        ONE_TOKEN=one_token and cfg.get("ONE_TOKEN", False) and not cfg.get("SCALE_IN_OPERAND", False),
+        ONE_TOKEN=one_token and not cfg.get("SCALE_IN_OPERAND", False),  # only the fold sums x
         PER_CHANNEL=group_size == in_features,  # one group: the fold runs once per tile, after the loop
         GATHER_X=gather_x,
     )
@@ -761,7 +752,9 @@ def launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan: Plan,
     m, k = x2.shape
     n = scales.shape[1]
     device = x2.device
-    run = _matmul_launch(plan, x2.dtype, device.type, zeros is None, in_features, group_size, m == 1, perm is not None)
+    # ONE_TOKEN: x sums from one row at M = 1, a tuned option (off unless the plan's entry sets it)
+    one_token = m == 1 and plan.config.get("ONE_TOKEN", False)
+    run = _matmul_launch(plan, x2.dtype, device.type, zeros is None, in_features, group_size, one_token, perm is not None)
     y = torch.empty((m, n), device=device, dtype=x2.dtype) if out is None else out
     tiles = -(-n // run.block_n) * -(-m // run.block_m)  # ceil-divs (triton.cdiv costs ~3 us from the host)
     stream = current_stream(device)

@@ -76,8 +76,7 @@ class PreparedLaunch:
     compiling if needed, and keeps the compiled kernel; later ones fill a pre-ordered argument list
     and call its launcher directly with the stream and hooks Triton would pass. Tensors reach the
     launcher as their addresses: given tensors it would call `data_ptr()` and ask the driver to
-    validate each address per call, which the caller's device check (`validate_gemm_inputs`)
-    covers. Off NVIDIA GPUs, under the interpreter, or on other Triton versions: Triton's own path.
+    validate each address per call, which the caller's device checks (matmul.py, layout.py) cover. Off NVIDIA GPUs, under the interpreter, or on other Triton versions: Triton's own path.
     """
 
     def __init__(self, kernel, constexprs: dict, options: dict, tensor_names: tuple, int_names: tuple):

@@ -99,9 +99,10 @@ def _kept_weight_of(module: nn.Module) -> W4A16Weight:
 
 def _forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The forward of `W4A16Linear` and of the hub layer: the GEMM on the module's buffers (+ bias)."""
-    # Under torch.compile the view is built in the traced code (no module state is written there).
-    weight = _weight_of(module) if torch.compiler.is_compiling() else _kept_weight_of(module)
-    if not torch.compiler.is_compiling() and not getattr(module, "_w4a16_plan_logged", False):
+    if torch.compiler.is_compiling():  # the view is built in the traced code (no module state written there)
+        return w4a16_linear(x, _weight_of(module), module.bias)
+    weight = _kept_weight_of(module)
+    if not getattr(module, "_w4a16_plan_logged", False):
         _log_plan_once(module, weight, x)
     return w4a16_linear(x, weight, module.bias)
 
@@ -235,11 +236,11 @@ class W4A16Linear(nn.Module):
 
     @property
     def symmetric(self) -> bool:
-        return self.weight_view().symmetric
+        return self.zeros is None
 
     @property
     def act_order(self) -> bool:
-        return self.weight_view().act_order
+        return self.perm is not None
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight in `nn.Linear` orientation [N, K] (for checks; computed in float64)."""

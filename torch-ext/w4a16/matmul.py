@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .dispatch import plan_gemm
+from .dispatch import TENSOR_CORE_PATHS, plan_gemm
 from .gemm import dequantize_native, launch_gemm
 from .layout import W4A16Weight, unpack_int4_tiled_striped, validate_weight_tensors
 from .quantize import apply_group_params
@@ -31,8 +31,6 @@ def validate_activation(x, in_features: int, device: torch.device) -> None:
 def validate_gemm_inputs(x, qweight, scales, zeros, perm, in_features: int, group_size: int) -> int:
     """Raise a clear TypeError / ValueError for anything the kernels cannot take; return the effective
     group size (K for -1). Cheap (no syncs)."""
-    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(f"x must be a float16 or bfloat16 tensor, got {getattr(x, 'dtype', type(x))}")
     group_size = validate_weight_tensors(qweight, scales, zeros, perm, in_features, group_size)
     validate_activation(x, in_features, qweight.device)
     return group_size
@@ -84,7 +82,7 @@ def _matmul_checked(x, qweight, scales, zeros, perm, in_features: int, group_siz
         raise ValueError(f"out must be a contiguous {x2.dtype} tensor of shape [M, N] = {(m, n)}, got {out.dtype} {tuple(out.shape)}")
     # act-order: the tensor-core kernels gather x themselves where the tuned entry says so (GATHER_X);
     # otherwise one gather of x per call (in the kernel's x loads it was slower: NOTES v5)
-    gather_in_kernel = perm is not None and plan.path in ("splitk", "tiled", "streamk") and plan.config.get("GATHER_X", False)
+    gather_in_kernel = perm is not None and plan.path in TENSOR_CORE_PATHS and plan.config.get("GATHER_X", False)
     if perm is not None and not gather_in_kernel:
         x2 = x2.index_select(1, perm)
     if plan.path == "reference":
