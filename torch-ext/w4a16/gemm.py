@@ -370,7 +370,7 @@ def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_m
 
 @triton.jit
 def _tile_accumulate(
-    x_ptr, perm_ptr, xg_ptr, qw_ptr, s_ptr, z_ptr, tile_n, tile_m, block_start, block_end, M, N, K, stride_xm,
+    x_ptr, perm_ptr, xg_ptr, qw_ptr, s_ptr, z_ptr, tile_n, tile_m, block_start, block_end, M, N, K, num_groups, stride_xm,
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, ONE_TOKEN: tl.constexpr,
@@ -390,7 +390,6 @@ def _tile_accumulate(
     offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_mask = offs_n < N
     m_mask = offs_m < M
-    num_groups = K // GROUP_SIZE
     FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
     X_ROWS: tl.constexpr = 128 if SCALE_IN_OPERAND else FOLD_ROWS
     offs_xk = tl.arange(0, X_ROWS)
@@ -467,7 +466,7 @@ def _tile_accumulate(
 @triton.jit
 def _w4a16_tc_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, perm_ptr, xg_ptr,
-    M, N, K, stride_xm, stride_ym,
+    M, N, K, num_groups, stride_xm, stride_ym,
     GROUP_SIZE: tl.constexpr,
     FOLD_SUBS: tl.constexpr,  # 16-row slices per scale fold: min(G, 128) / 16 (8 for per-channel)
     SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
@@ -498,7 +497,8 @@ def _w4a16_tc_kernel(
     rows and K range into xg and reads that instead of x (otherwise perm_ptr / xg_ptr are unused).
 
     Assumes BLOCK_M >= 16, x and y unit-stride along their last dim, qweight / scales / zeros
-    contiguous (scales / zeros [K/G, N]; num_groups K / GROUP_SIZE is derived, G divides K),
+    contiguous (scales / zeros [K/G, N]; num_groups = K / GROUP_SIZE is passed, not derived: with it derived, ptxas stopped
+    interleaving the dequantization with the MMAs of the scale-in-operand loop, NOTES v9; G divides K),
     MAGIC_PAIR = the magic bits of x's dtype in both 16-bit halves; with GATHER_X, perm int64 [K] and
     xg a contiguous [M, K] scratch of x's dtype. The weight and x^T tiles are only used by the dot,
     which lets Triton's software pipeliner stream both with asynchronous copies.
@@ -506,7 +506,7 @@ def _w4a16_tc_kernel(
     block_start, block_end = _split_range(tl.cdiv(K, 128), SPLIT_K)
     acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
         x_ptr, perm_ptr, xg_ptr, qw_ptr, s_ptr, z_ptr, tl.program_id(0), tl.program_id(1), block_start, block_end, M, N, K,
-        stride_xm, GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N,
+        num_groups, stride_xm, GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N,
         BLOCK_M, EVEN_K, ONE_TOKEN, PER_CHANNEL, GATHER_X,
     )
     _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
@@ -515,7 +515,7 @@ def _w4a16_tc_kernel(
 @triton.jit
 def _w4a16_streamk_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, perm_ptr, xg_ptr,
-    M, N, K, stride_xm, stride_ym,
+    M, N, K, num_groups, stride_xm, stride_ym,
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, ONE_TOKEN: tl.constexpr,
@@ -548,7 +548,7 @@ def _w4a16_streamk_kernel(
         block_end = tl.minimum(kb, block_start + (end - unit))
         acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
             x_ptr, perm_ptr, xg_ptr, qw_ptr, s_ptr, z_ptr, tile % tiles_n, tile // tiles_n, block_start, block_end, M, N, K,
-            stride_xm, GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N,
+            num_groups, stride_xm, GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N,
             BLOCK_M, EVEN_K, ONE_TOKEN, PER_CHANNEL, GATHER_X,
         )
         y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
@@ -739,6 +739,7 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
         GATHER_X=gather_x,
     )
     tensors = _TENSOR_ARGS + ("perm_ptr", "xg_ptr")
+    ints += ("num_groups",)
     if plan.path == "streamk":
         kernel = PreparedLaunch(_w4a16_streamk_kernel, tensor_core, options, tensors, ints)
         return _MatmulLaunch(plan.path, block_n, block_m, 1, cfg["PROGRAMS"], kernel)
@@ -780,6 +781,7 @@ def launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan: Plan,
     else:
         # act-order gathered in the kernel: perm and the [M, K] scratch it fills (else unused: x2)
         tensors += (x2, x2) if perm is None else (perm, torch.empty((m, k), device=device, dtype=x2.dtype))
+        ints += (k // group_size,)  # num_groups
         if run.path != "streamk":
             ints += (run.split_k,)
     run.kernel(grid, tensors, ints, stream)
