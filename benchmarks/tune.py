@@ -94,6 +94,17 @@ def with_gather(pairs, act_order: bool):
             yield path, {**config, "GATHER_X": True}
 
 
+def around_plan(kernel, plan, m: int, act_order: bool):
+    """`--around-plan`: the dispatcher's current plan for the call and the tuned options it could add
+    (ONE_TOKEN at M = 1, GATHER_X for act-order): decides those options in a few timings where a full
+    search would take minutes per shape."""
+    config = {key: value for key, value in plan.config.items() if key not in ("ONE_TOKEN", "GATHER_X")}
+    pairs = [(plan.path, config)]
+    if m == 1 and plan.path in kernel.dispatch.TENSOR_CORE_PATHS and not config.get("SCALE_IN_OPERAND", False):
+        pairs.append((plan.path, {**config, "ONE_TOKEN": True}))
+    yield from with_gather(pairs, act_order)
+
+
 def time_candidate(kernel, weights, x, k, group_size, path, config, reference=None) -> float:
     """GPU time of one candidate; with `reference` (the dense path's output on weights[0]) a candidate
     whose output differs from it by more than 2% (relative) raises instead, so a wrong kernel
@@ -117,6 +128,8 @@ def main() -> None:
     ap.add_argument("--merge", action="store_true", help="keep the --out table's entries for (N, K, M, format) not tuned now")
     ap.add_argument("--variant", default="base", choices=list(timing.VARIANTS),
                     help="format to tune (act_order: also times the kernels gathering x themselves, GATHER_X)")
+    ap.add_argument("--around-plan", action="store_true",
+                    help="time only the current plan with and without its options (ONE_TOKEN, GATHER_X), not every candidate")
     args = ap.parse_args()
 
     kernel = timing.load_kernel()
@@ -149,7 +162,9 @@ def main() -> None:
             w0 = weights[0]
             reference = kernel.matmul.w4a16_matmul(x, w0.qweight, w0.scales, w0.zeros, w0.perm, k, g, path="dense").float()
             best = None
-            for path, config in with_gather(candidates(m, n, k, sm_count), act_order):
+            pairs = (around_plan(kernel, kernel.plan_for(w0, m, dtype), m, act_order) if args.around_plan
+                     else with_gather(candidates(m, n, k, sm_count), act_order))
+            for path, config in pairs:
                 try:
                     us = time_candidate(kernel, weights, x, k, g, path, config, reference)
                 except Exception as exc:  # a config that does not compile or fit is skipped, and logged

@@ -12,10 +12,13 @@ for step in ${STEPS:-tests}; do
     case "$step" in
         tests) timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider ${TESTS_ARGS:-tests/} 2>&1 | tee "$OUT/pytest.txt" | tail -25 ;;
         probe) python3 benchmarks/tune.py --shapes "${PROBE_SHAPES:-8B.o,70B.gate_up}" --m "${PROBE_M:-1,4,16,64,1024}" --out "$OUT/tuned_probe.json" --log "$OUT/tune_probe_log.json" 2>&1 | tail -40 ;;
-        # TUNE_SPECS: "variant:M,M,... variant:M,..." (variants of timing.VARIANTS), each run with TUNE_TIMEOUT
+        # TUNE_SPECS: "variant:M,M,... variant:M,...:around ..." (variants of timing.VARIANTS; ":around" times
+        # only the current plans with and without their options: tune.py --around-plan), each run with TUNE_TIMEOUT
         tune) for spec in ${TUNE_SPECS:-base:${TUNE_M:-1,2,4,8,16,32,64,128,256,512,1024,4096}}; do
-                  timeout "${TUNE_TIMEOUT:-540}" python3 benchmarks/tune.py --merge --variant "${spec%%:*}" --shapes "${TUNE_SHAPES:-}" --m "${spec#*:}" \
-                      --out torch-ext/w4a16/tuned_nvidia_h200.json --log "$OUT/tune_log_${spec%%:*}.json" 2>&1 | tee -a "$OUT/tune.txt" | tail -60
+                  IFS=: read -r variant tune_m mode <<< "$spec"
+                  timeout "${TUNE_TIMEOUT:-540}" python3 benchmarks/tune.py --merge --variant "$variant" --shapes "${TUNE_SHAPES:-}" --m "$tune_m" \
+                      ${mode:+--around-plan} --out torch-ext/w4a16/tuned_nvidia_h200.json --log "$OUT/tune_log_${variant}${mode:+_$mode}.json" 2>&1 \
+                      | tee -a "$OUT/tune.txt" | tail -60
               done; cp torch-ext/w4a16/tuned_nvidia_h200.json "$OUT/"
               # later steps run with the table this step wrote: say so in their results
               export W4A16_COMMIT="${W4A16_COMMIT:-unknown}+tuned-in-session" ;;

@@ -47,3 +47,28 @@ def test_candidates_are_accepted_configs(w4a16, m, n, k):
     assert any(c.get("ONE_TOKEN") for _, c in plain) == (m == 1)
     small_tiles = any(p in dispatch.TENSOR_CORE_PATHS and c["BLOCK_M"] <= 64 for p, c in plain)
     assert any(c.get("GATHER_X") for _, c in gathered) == small_tiles
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("m,act_order", [(1, False), (1, True), (16, True), (128, False)])
+def test_around_plan_toggles_only_the_options(w4a16, m, act_order):
+    """`tune.py --around-plan`: the plan's own configuration first, then the same with ONE_TOKEN (M = 1,
+    fold paths) or GATHER_X (act-order, BLOCK_M <= 64), each a configuration the package accepts."""
+    tune = _tune_module()
+    dispatch = w4a16.dispatch
+    cpu = torch.device("cpu")
+    for path, config in [("splitk", {"BLOCK_N": 128, "BLOCK_M": 16, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4, "ONE_TOKEN": True}),
+                         ("tiled", {"BLOCK_N": 128, "BLOCK_M": 16, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4, "SCALE_IN_OPERAND": True}),
+                         ("gemv", {"BLOCK_N": 128, "BLOCK_M": 1, "SPLIT_K": 8, "num_warps": 4, "num_stages": 3}),
+                         ("dense", {})]:
+        plan = dispatch.plan_gemm(m, 4096, 4096, 128, torch.float16, cpu, path=path, config=config)
+        pairs = list(tune.around_plan(w4a16, plan, m, act_order))
+        plain = {key: value for key, value in plan.config.items() if key not in ("ONE_TOKEN", "GATHER_X")}
+        assert pairs[0] == (path, plain)
+        fold = path in dispatch.TENSOR_CORE_PATHS and not plain.get("SCALE_IN_OPERAND", False)
+        expected = 1 + (m == 1 and fold)
+        expected *= 1 + (act_order and path in dispatch.TENSOR_CORE_PATHS and plain["BLOCK_M"] <= 64)
+        assert len(pairs) == expected, pairs
+        for p, c in pairs:
+            assert p == path and {k: v for k, v in c.items() if k not in ("ONE_TOKEN", "GATHER_X")} == plain
+            dispatch.plan_gemm(m, 4096, 4096, 128, torch.float16, cpu, path=p, config=c)  # accepted
