@@ -108,6 +108,19 @@ def test_triton_paths_one_token(w4a16, device, path, dtype, k, n, group_size, sy
         assert err < TOL[dtype], f"{path} M={m}: relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("m,k", [(1, 8), (3, 1000), (2, 2056)])
+def test_gather_columns_is_index_select(w4a16, device, m, k):
+    """The act-order gather kernel: x[:, perm] exactly, for a strided x and K not a multiple of its block."""
+    if not triton_available(device):
+        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
+    gen = torch.Generator().manual_seed(k)
+    wide = torch.randn(m, k + 24, generator=gen).to(device=device, dtype=torch.float16)
+    x = wide[:, 16:16 + k]  # row stride k + 24, unit column stride
+    perm = torch.randperm(k, generator=gen).to(device)
+    out = w4a16.gemm.gather_columns(x, perm)
+    assert out.is_contiguous() and torch.equal(out, x.index_select(1, perm))
+
+
 @pytest.mark.parametrize("path", ["splitk:fold-gather", "splitk:operand-gather", "streamk:fold-gather", "tiled:operand-gather"])
 @pytest.mark.parametrize("k,n,group_size", [(256, 24, 64), (320, 40, 32), (384, 20, 128)])
 def test_triton_paths_act_order_gathered_in_kernel(w4a16, device, path, k, n, group_size):
@@ -327,7 +340,7 @@ def test_dispatch_plans(w4a16):
     assert {r["M"] for r in rows} >= {1, 16} and all(r["path"] in dispatch.PATHS for r in rows)
     assert dispatch.load_tuned_table("Some Other GPU") is None
     # every tuned entry names only launch keys the launcher knows, and both scale modes are in use
-    known = set(dispatch.CONFIG_KEYS) | {"N", "K", "M", "path", "us"}
+    known = set(dispatch.CONFIG_KEYS) | {"N", "K", "M", "path", "us", "note"}  # note: free text on an entry
     assert all(set(r) <= known for rows in table.values() for r in rows)
     assert all(set(r) <= known | {"dtype", "group_size", "symmetric", "act_order"} for rows in by_format.values() for r in rows.values())
     modes = {r.get("SCALE_IN_OPERAND") for rows in table.values() for r in rows if r["path"] in ("splitk", "tiled")}
