@@ -72,3 +72,25 @@ def test_around_plan_toggles_only_the_options(w4a16, m, act_order):
         for p, c in pairs:
             assert p == path and {k: v for k, v in c.items() if k not in ("ONE_TOKEN", "GATHER_X")} == plain
             dispatch.plan_gemm(m, 4096, 4096, 128, torch.float16, cpu, path=p, config=c)  # accepted
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("m,variant", [(1, "base"), (16, "act_order"), (128, "bf16"), (4096, "base")])
+def test_sass_report_records_the_launch(w4a16, m, variant):
+    """benchmarks/sass_report.py compiles what a GPU call would launch: its recording of a call names
+    every non-constexpr parameter of the kernel, for the tuned plan, and leaves the package unpatched."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("w4a16_sass_report", REPO / "benchmarks" / "sass_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    calls = report.captured_launches(w4a16, m, 4096, 4096, variant)
+    assert len(calls) == 1
+    plan, prepared, tensors, ints = calls[0]
+    if plan.path == "dense":
+        assert prepared is None
+        return
+    named = list(prepared.tensor_names + prepared.int_names) + list(prepared.constexprs)
+    assert sorted(named) == sorted(prepared.kernel.arg_names)  # every parameter exactly once
+    assert len(tensors) == len(prepared.tensor_names) and len(ints) == len(prepared.int_names)
+    assert prepared.constexprs["USE_ASM"] is True  # prepared as for a GPU
+    assert w4a16.launch.PreparedLaunch.__call__.__name__ == "__call__"  # restored

@@ -1,0 +1,156 @@
+"""Compile the kernels the dispatcher would launch for sm_90 on any machine (no GPU) and summarise their
+hot loop: registers, spills, instructions, block-wide barriers, MMAs and where the first MMA sits.
+
+    python benchmarks/sass_report.py --shapes 8B.gate_up,70B.qkv --m 2,128 [--variant base]
+
+Why: ptxas's instruction schedule is fragile. Deriving K / G inside the kernel instead of taking it as an
+argument (c09e34c) moved every dequantization instruction of the scale-in-operand loop ahead of the first
+MMA, and the gate_up shapes ran 12-18% slower on the H200 with the same plan (NOTES v9). This report shows such
+a change before any GPU time is spent. Use a Triton of the GPU machine's version (3.6 on the H200): another
+version schedules differently.
+
+How: the package's own `launch_gemm` runs on CPU tensors with `PreparedLaunch` patched to record its
+arguments instead of launching, so the specialisation (dtypes, 16-byte alignment, ints equal to 1 or
+divisible by 16) is the one Triton's launcher would compute for the same call on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import timing  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)  # H100 / H200
+NVIDIA_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+
+
+def captured_launches(kernel, m: int, n: int, k: int, variant: str) -> list:
+    """(PreparedLaunch, tensors, ints) of the kernels one call of the H200's plan would launch."""
+    dtype, group_size, symmetric, act_order = timing.VARIANTS[variant]
+    g = timing.effective_group_size(group_size, k)
+    dispatch = kernel.dispatch
+    _, table, by_format = dispatch.load_tuned_table("NVIDIA H200")
+    row = dispatch.tuned_row(table, by_format, dispatch.m_bucket(m), n, k, dispatch.format_key(dtype, g, symmetric, act_order))
+    if row is None:
+        raise SystemExit(f"no tuned entry for N={n} K={k} M={m} {variant}")
+    config = {key: row[key] for key in dispatch.CONFIG_KEYS if key in row}
+    plan = dispatch.plan_gemm(m, n, k, g, dtype, torch.device("cpu"), path=row["path"], config=config)
+    if plan.path in ("dense", "reference"):
+        return [(plan, None, None, None)]
+    calls = []
+    gemm, launch_class = kernel.gemm, kernel.launch.PreparedLaunch
+    original_call, original_prepare = launch_class.__call__, gemm._matmul_launch
+    launch_class.__call__ = lambda self, grid, tensors, ints, stream: calls.append((plan, self, tensors, ints))
+    # prepared for device type "cuda" (inline assembly, the GPU's dot dtype), though the tensors are on the CPU
+    gemm._matmul_launch = lambda plan, dtype, device_type, *rest: gemm._prepare_matmul_launch(plan, dtype, "cuda", *rest)
+    try:
+        qweight = torch.empty(kernel.layout.native_qweight_shape(n, k), dtype=torch.int32)
+        scales = torch.empty(k // g, n, dtype=dtype)
+        zeros = None if symmetric else torch.empty(k // g, n, dtype=dtype)
+        perm = torch.arange(k) if (act_order and config.get("GATHER_X")) else None
+        gemm.launch_gemm(torch.empty(m, k, dtype=dtype), qweight, scales, zeros, k, g, plan, perm=perm)
+    finally:
+        launch_class.__call__, gemm._matmul_launch = original_call, original_prepare
+    return calls
+
+
+def compile_for_sm90(prepared, tensors, ints):
+    """The compiled kernel for exactly this call's specialisation."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    fn = prepared.kernel
+    values = {**dict(zip(prepared.tensor_names, tensors)), **dict(zip(prepared.int_names, ints))}
+    signature, constexprs, attrs = {}, {}, {}
+    for index, param in enumerate(fn.params):
+        if param.is_constexpr:
+            signature[param.name] = "constexpr"
+            constexprs[(index,)] = prepared.constexprs[param.name]
+            continue
+        kind, key = native_specialize_impl(CUDABackend, values[param.name], False, True, True)
+        if kind == "constexpr":  # an int equal to 1
+            signature[param.name] = "constexpr"
+            constexprs[(index,)] = key
+            continue
+        signature[param.name] = kind
+        if key == "D":
+            attrs[(index,)] = [["tt.divisibility", 16]]
+    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=prepared.options)
+
+
+def hot_loop_summary(cubin: bytes) -> dict:
+    """Registers, stack and the largest loop's instruction mix of a cubin."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([str(NVIDIA_BIN / "nvdisasm"), "-c", f.name], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([str(NVIDIA_BIN / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True).stdout
+    instructions, labels = [], {}
+    for line in sass.splitlines():
+        label = re.match(r"\.(L_x_\d+):", line.strip())
+        if label:
+            labels[label.group(1)] = len(instructions)
+            continue
+        found = re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
+        if found:
+            instructions.append(re.sub(r"^@!?U?P\w+\s+", "", found.group(1).strip()))
+    loops = []
+    for end, text in enumerate(instructions):
+        branch = re.search(r"BRA\s+(?:`\()?\.?(L_x_\d+)", text)
+        if branch and branch.group(1) in labels and labels[branch.group(1)] <= end:
+            loops.append((end - labels[branch.group(1)] + 1, labels[branch.group(1)], end))
+    regs = re.search(r"REG:(\d+)", usage)
+    stack = re.search(r"STACK:(\d+)", usage)
+    summary = {"regs": int(regs.group(1)) if regs else None, "stack": int(stack.group(1)) if stack else None,
+               "instructions": len(instructions)}
+    if loops:
+        length, start, end = max(loops)
+        ops = [text.split()[0] for text in instructions[start:end + 1]]
+        counts = collections.Counter(ops)
+        mma = [i for i, op in enumerate(ops) if op.startswith(("HGMMA", "HMMA"))]
+        summary.update(loop=length, barriers=counts.get("BAR.SYNC.DEFER_BLOCKING", 0) + counts.get("BAR.SYNC", 0),
+                       mmas=len(mma), first_mma=mma[0] if mma else None,
+                       spill_ops=sum(v for op, v in counts.items() if op.startswith(("LDL", "STL"))))
+    return summary
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="", help="comma list of shape names (default: all)")
+    ap.add_argument("--m", default="1,16,128")
+    ap.add_argument("--variant", default="base", choices=list(timing.VARIANTS))
+    args = ap.parse_args()
+    os.environ.pop("TRITON_INTERPRET", None)
+    kernel = timing.load_kernel()
+    wanted = set(filter(None, args.shapes.split(",")))
+    print(f"Triton {triton.__version__}, sm_90; loop = the largest loop's instructions, first MMA = its position in the loop")
+    print(f"{'shape':12s} {'M':>5s}  {'regs':>4s} {'stack':>5s} {'loop':>5s} {'bars':>4s} {'mmas':>4s} {'1st mma':>7s} {'spill':>5s}  plan")
+    for shape in timing.load_shapes()["shapes"]:
+        if wanted and shape["name"] not in wanted:
+            continue
+        for m in (int(v) for v in args.m.split(",")):
+            for plan, prepared, tensors, ints in captured_launches(kernel, m, shape["N"], shape["K"], args.variant):
+                if prepared is None:
+                    print(f"{shape['name']:12s} {m:5d}  {'-':>4s} {'-':>5s} {'-':>5s} {'-':>4s} {'-':>4s} {'-':>7s} {'-':>5s}  {plan.path}")
+                    continue
+                s = hot_loop_summary(compile_for_sm90(prepared, tensors, ints).asm["cubin"])
+                cells = [s.get(key) for key in ("regs", "stack", "loop", "barriers", "mmas", "first_mma", "spill_ops")]
+                print(f"{shape['name']:12s} {m:5d}  " + " ".join(f"{'-' if c is None else c:>{w}}" for c, w in zip(cells, (4, 5, 5, 4, 4, 7, 5)))
+                      + f"  {plan.path} " + " ".join(f"{k}={v}" for k, v in sorted(plan.config.items())), flush=True)
+
+
+if __name__ == "__main__":
+    main()
