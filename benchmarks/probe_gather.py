@@ -1,0 +1,56 @@
+"""Act-order's gather of x on the GPU: torch's index_select / advanced indexing against the package's Triton
+gather (`gemm.gather_columns`), alone and in front of the base GEMM, GPU time in a CUDA graph (timing.py).
+
+    python benchmarks/probe_gather.py [--out benchmarks/results/h200_gather_probe.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import timing  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    kernel = timing.load_kernel()
+    rows = []
+    for k in (4096, 14336, 28672):
+        for m in (1, 16):
+            x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+            perm = torch.randperm(k, device="cuda")
+            assert torch.equal(kernel.gemm.gather_columns(x, perm), x.index_select(1, perm))
+            for name, fn in (("index_select", lambda: x.index_select(1, perm)), ("getitem", lambda: x[:, perm]),
+                             ("gather_columns", lambda: kernel.gemm.gather_columns(x, perm)), ("copy", lambda: x.clone())):
+                rows.append({"K": k, "M": m, "op": name, "us": timing.gpu_time_us([fn] * 4)})
+            print(k, m, " ".join(f"{r['op']}={r['us']:.2f}" for r in rows[-4:]), flush=True)
+    n, k = 6144, 4096
+    copies = timing.copies_needed(timing.w4_bytes(n, k, 1, 128))
+    plain = timing.random_w4_weights(kernel, n, k, 128, copies)
+    ordered = timing.random_w4_weights(kernel, n, k, 128, copies, act_order=True)
+    for m in (1, 16):
+        x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        pairs = list(zip(plain, ordered))
+        calls = {
+            "base": [lambda w=w: kernel.w4a16_linear(x, w) for w, _ in pairs],
+            "act_order": [lambda a=a: kernel.w4a16_linear(x, a) for _, a in pairs],
+            "index_select+base": [lambda w=w, p=a.perm: kernel.w4a16_linear(x.index_select(1, p), w) for w, a in pairs],
+            "gather_columns+base": [lambda w=w, p=a.perm: kernel.w4a16_linear(kernel.gemm.gather_columns(x, p), w) for w, a in pairs],
+        }
+        for name, fns in calls.items():
+            rows.append({"N": n, "K": k, "M": m, "op": name, "us": timing.gpu_time_us(fns)})
+        print(f"{n}x{k} M={m}", " ".join(f"{r['op']}={r['us']:.2f}" for r in rows[-4:]), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({**timing.machine_info(), "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
