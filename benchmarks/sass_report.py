@@ -121,8 +121,18 @@ def hot_loop_summary(cubin: bytes) -> dict:
         ops = [text.split()[0] for text in instructions[start:end + 1]]
         counts = collections.Counter(ops)
         mma = [i for i, op in enumerate(ops) if op.startswith(("HGMMA", "HMMA"))]
+        # instructions issued while a wgmma is in flight: from each wgmma to the next wait on it
+        # (WARPGROUP.DEPBAR), the ALU work the schedule overlaps with the tensor cores
+        overlap, in_flight = 0, False
+        for op in ops:
+            if op.startswith("HGMMA"):
+                in_flight = True
+            elif op.startswith("WARPGROUP.DEPBAR"):
+                in_flight = False
+            elif in_flight and not op.startswith("WARPGROUP"):
+                overlap += 1
         summary.update(loop=length, barriers=counts.get("BAR.SYNC.DEFER_BLOCKING", 0) + counts.get("BAR.SYNC", 0),
-                       mmas=len(mma), first_mma=mma[0] if mma else None,
+                       mmas=len(mma), first_mma=mma[0] if mma else None, mma_positions=mma, overlap=overlap,
                        spill_ops=sum(v for op, v in counts.items() if op.startswith(("LDL", "STL"))))
     return summary
 
@@ -136,19 +146,20 @@ def main() -> None:
     os.environ.pop("TRITON_INTERPRET", None)
     kernel = timing.load_kernel()
     wanted = set(filter(None, args.shapes.split(",")))
-    print(f"Triton {triton.__version__}, sm_90; loop = the largest loop's instructions, first MMA = its position in the loop")
-    print(f"{'shape':12s} {'M':>5s}  {'regs':>4s} {'stack':>5s} {'loop':>5s} {'bars':>4s} {'mmas':>4s} {'1st mma':>7s} {'spill':>5s}  plan")
+    print(f"Triton {triton.__version__}, sm_90; loop = the largest loop's instructions, 1st mma = its position in the loop,")
+    print("overlap = loop instructions issued while a wgmma is in flight (before the wait on it)")
+    print(f"{'shape':12s} {'M':>5s}  {'regs':>4s} {'stack':>5s} {'loop':>5s} {'bars':>4s} {'mmas':>4s} {'1st mma':>7s} {'overlap':>7s} {'spill':>5s}  plan")
     for shape in timing.load_shapes()["shapes"]:
         if wanted and shape["name"] not in wanted:
             continue
         for m in (int(v) for v in args.m.split(",")):
             for plan, prepared, tensors, ints in captured_launches(kernel, m, shape["N"], shape["K"], args.variant):
                 if prepared is None:
-                    print(f"{shape['name']:12s} {m:5d}  {'-':>4s} {'-':>5s} {'-':>5s} {'-':>4s} {'-':>4s} {'-':>7s} {'-':>5s}  {plan.path}")
+                    print(f"{shape['name']:12s} {m:5d}  {'-':>4s} {'-':>5s} {'-':>5s} {'-':>4s} {'-':>4s} {'-':>7s} {'-':>7s} {'-':>5s}  {plan.path}")
                     continue
                 s = hot_loop_summary(compile_for_sm90(prepared, tensors, ints).asm["cubin"])
-                cells = [s.get(key) for key in ("regs", "stack", "loop", "barriers", "mmas", "first_mma", "spill_ops")]
-                print(f"{shape['name']:12s} {m:5d}  " + " ".join(f"{'-' if c is None else c:>{w}}" for c, w in zip(cells, (4, 5, 5, 4, 4, 7, 5)))
+                cells = [s.get(key) for key in ("regs", "stack", "loop", "barriers", "mmas", "first_mma", "overlap", "spill_ops")]
+                print(f"{shape['name']:12s} {m:5d}  " + " ".join(f"{'-' if c is None else c:>{w}}" for c, w in zip(cells, (4, 5, 5, 4, 4, 7, 7, 5)))
                       + f"  {plan.path} " + " ".join(f"{k}={v}" for k, v in sorted(plan.config.items())), flush=True)
 
 
