@@ -820,6 +820,8 @@ def dequantize_native(qweight, scales, zeros, in_features: int, group_size: int,
 
 
 _GATHER_BLOCK_K = 1024
+# One prepared launch for every call: its constexprs and options never vary; what it keeps per
+# specialisation (the compiled kernel) is a cache like Triton's own, not a setting.
 _gather_columns = PreparedLaunch(_gather_columns_kernel, {"BLOCK_K": _GATHER_BLOCK_K}, {"num_warps": 4},
                                  ("x_ptr", "perm_ptr", "out_ptr"), ("K", "stride_xm"))
 
