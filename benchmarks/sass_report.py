@@ -9,9 +9,9 @@ MMA, and the gate_up shapes ran 12-18% slower on the H200 with the same plan (NO
 a change before any GPU time is spent. Use a Triton of the GPU machine's version (3.6 on the H200): another
 version schedules differently.
 
-How: the package's own `launch_gemm` runs on CPU tensors with `PreparedLaunch` patched to record its
-arguments instead of launching, so the specialisation (dtypes, 16-byte alignment, ints equal to 1 or
-divisible by 16) is the one Triton's launcher would compute for the same call on a GPU.
+How: the package's own `gemm._launch_arguments` (what `launch_gemm` hands the kernel) runs on CPU tensors,
+so the specialisation (dtypes, 16-byte alignment, ints equal to 1 or divisible by 16) is the one Triton's
+launcher would compute for the same call on a GPU.
 """
 
 from __future__ import annotations
@@ -50,21 +50,13 @@ def captured_launches(kernel, m: int, n: int, k: int, variant: str) -> list:
     plan = dispatch.plan_gemm(m, n, k, g, dtype, torch.device("cpu"), path=row["path"], config=config)
     if plan.path in ("dense", "reference"):
         return [(plan, None, None, None)]
-    calls = []
-    gemm, launch_class = kernel.gemm, kernel.launch.PreparedLaunch
-    original_call, original_prepare = launch_class.__call__, gemm._matmul_launch
-    launch_class.__call__ = lambda self, grid, tensors, ints, stream: calls.append((plan, self, tensors, ints))
-    # prepared for device type "cuda" (inline assembly, the GPU's dot dtype), though the tensors are on the CPU
-    gemm._matmul_launch = lambda plan, dtype, device_type, *rest: gemm._prepare_matmul_launch(plan, dtype, "cuda", *rest)
-    try:
-        qweight = torch.empty(kernel.layout.native_qweight_shape(n, k), dtype=torch.int32)
-        scales = torch.empty(k // g, n, dtype=dtype)
-        zeros = None if symmetric else torch.empty(k // g, n, dtype=dtype)
-        perm = torch.arange(k) if (act_order and config.get("GATHER_X")) else None
-        gemm.launch_gemm(torch.empty(m, k, dtype=dtype), qweight, scales, zeros, k, g, plan, perm=perm)
-    finally:
-        launch_class.__call__, gemm._matmul_launch = original_call, original_prepare
-    return calls
+    qweight = torch.empty(kernel.layout.native_qweight_shape(n, k), dtype=torch.int32)
+    scales = torch.empty(k // g, n, dtype=dtype)
+    zeros = None if symmetric else torch.empty(k // g, n, dtype=dtype)
+    # the launch's arguments prepared as for a GPU (inline assembly, the GPU's dot dtype) on CPU tensors
+    run, _, tensors, ints, _ = kernel.gemm._launch_arguments(torch.empty(m, k, dtype=dtype), qweight, scales, zeros, k, g, plan,
+                                                             None, 0, "cuda")
+    return [(plan, run.kernel, tensors, ints)]
 
 
 def compile_for_sm90(prepared, tensors, ints):

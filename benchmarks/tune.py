@@ -10,8 +10,7 @@ copies, fp16 activations, group 128, asymmetric by default) and keeps the fastes
 
 tunes one other format of timing.VARIANTS (bf16, sym, g64, pc, act_order) and writes entries carrying its
 `dtype`, `group_size`, `symmetric` (and `act_order`), which the dispatcher prefers for that format and
-exactly those M buckets; every other format and bucket uses the base entries. For act_order the candidates
-include the tensor-core kernels gathering x themselves (GATHER_X).
+exactly those M buckets; every other format and bucket uses the base entries.
 """
 
 from __future__ import annotations
@@ -84,25 +83,14 @@ def candidates(m: int, n: int, k: int, sm_count: int):
         yield "dense", {}
 
 
-def with_gather(pairs, act_order: bool):
-    """For act-order weights, each tensor-core candidate also with the kernel gathering x itself (GATHER_X)
-    instead of the separate gather of x before the call."""
-    for path, config in pairs:
-        yield path, config
-        # the in-kernel gather repeats for every N tile: worth timing for decode-sized M tiles only
-        if act_order and path in ("splitk", "tiled", "streamk") and config["BLOCK_M"] <= 64:
-            yield path, {**config, "GATHER_X": True}
-
-
-def around_plan(kernel, plan, m: int, act_order: bool):
-    """`--around-plan`: the dispatcher's current plan for the call and the tuned options it could add
-    (ONE_TOKEN at M = 1, GATHER_X for act-order): decides those options in a few timings where a full
-    search would take minutes per shape."""
-    config = {key: value for key, value in plan.config.items() if key not in ("ONE_TOKEN", "GATHER_X")}
-    pairs = [(plan.path, config)]
+def around_plan(kernel, plan, m: int):
+    """`--around-plan`: the dispatcher's current plan for the call, and at M = 1 the same with and
+    without ONE_TOKEN: decides that option in two timings where a full search would take minutes per
+    shape."""
+    config = {key: value for key, value in plan.config.items() if key != "ONE_TOKEN"}
+    yield plan.path, config
     if m == 1 and plan.path in kernel.dispatch.TENSOR_CORE_PATHS and not config.get("SCALE_IN_OPERAND", False):
-        pairs.append((plan.path, {**config, "ONE_TOKEN": True}))
-    yield from with_gather(pairs, act_order)
+        yield plan.path, {**config, "ONE_TOKEN": True}
 
 
 def time_candidate(kernel, weights, x, k, group_size, path, config, reference=None) -> float:
@@ -127,9 +115,9 @@ def main() -> None:
     ap.add_argument("--log", default="", help="write every timing here (JSON)")
     ap.add_argument("--merge", action="store_true", help="keep the --out table's entries for (N, K, M, format) not tuned now")
     ap.add_argument("--variant", default="base", choices=list(timing.VARIANTS),
-                    help="format to tune (act_order: also times the kernels gathering x themselves, GATHER_X)")
+                    help="weight format to tune (timing.VARIANTS)")
     ap.add_argument("--around-plan", action="store_true",
-                    help="time only the current plan with and without its options (ONE_TOKEN, GATHER_X), not every candidate")
+                    help="time only the current plan, at M = 1 with and without ONE_TOKEN, not every candidate")
     args = ap.parse_args()
 
     kernel = timing.load_kernel()
@@ -162,8 +150,7 @@ def main() -> None:
             w0 = weights[0]
             reference = kernel.matmul.w4a16_matmul(x, w0.qweight, w0.scales, w0.zeros, w0.perm, k, g, path="dense").float()
             best = None
-            pairs = (around_plan(kernel, kernel.plan_for(w0, m, dtype), m, act_order) if args.around_plan
-                     else with_gather(candidates(m, n, k, sm_count), act_order))
+            pairs = around_plan(kernel, kernel.plan_for(w0, m, dtype), m) if args.around_plan else candidates(m, n, k, sm_count)
             for path, config in pairs:
                 try:
                     us = time_candidate(kernel, weights, x, k, g, path, config, reference)

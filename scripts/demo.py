@@ -42,11 +42,11 @@ def main() -> None:
                                         path=path, config=config)
             ref = x.double() @ reference_weight
             print(f"{name:22s} {m:4d}  {float((y.double() - ref).norm() / ref.norm()):.2e}")
-    # act-order: x gathered by a separate gather, or by the tensor-core kernel itself (GATHER_X)
+    # act-order: x[:, perm] gathered by a small kernel before the GEMM
     g_idx = torch.randperm(k) // group_size
     ordered = w4a16.prepare_weight(packed, scales, zeros, group_size, g_idx=g_idx.to(torch.int32))
     reference_ordered = ordered.dequantize(torch.float64)
-    for name, config in (("splitk act-order", None), ("splitk GATHER_X", {"GATHER_X": True})):
+    for name, config in (("splitk act-order", None), ("splitk act-order oper.", {"SCALE_IN_OPERAND": True})):
         for m in (1, 16):
             x = torch.randn(m, k, dtype=torch.float16)
             y = w4a16.matmul.w4a16_matmul(x, ordered.qweight, ordered.scales, ordered.zeros, ordered.perm, k, group_size,

@@ -68,8 +68,6 @@ def run_and_check(w4a16, weight, ref, x, path):
     config = {"SCALE_IN_OPERAND": mode.startswith("operand")} if mode else None
     if mode == "fold-one-token":  # the fold taking x sums from x's only row (used at M = 1 when tuned so)
         config = {"SCALE_IN_OPERAND": False, "ONE_TOKEN": True}
-    if mode.endswith("-gather"):  # act-order: the kernel gathers x[:, perm] itself (used when tuned so)
-        config["GATHER_X"] = True
     y = w4a16.matmul.w4a16_matmul(
         x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features, weight.group_size,
         path=kernel_path, out=out, config=config,
@@ -121,10 +119,10 @@ def test_gather_columns_is_index_select(w4a16, device, m, k):
     assert out.is_contiguous() and torch.equal(out, x.index_select(1, perm))
 
 
-@pytest.mark.parametrize("path", ["splitk:fold-gather", "splitk:operand-gather", "streamk:fold-gather", "tiled:operand-gather"])
+@pytest.mark.parametrize("path", ["splitk:fold", "splitk:operand", "streamk:fold", "tiled:operand"])
 @pytest.mark.parametrize("k,n,group_size", [(256, 24, 64), (320, 40, 32), (384, 20, 128)])
-def test_triton_paths_act_order_gathered_in_kernel(w4a16, device, path, k, n, group_size):
-    """GATHER_X: each program gathers its rows of x[:, perm] (K not a multiple of 128 included)."""
+def test_triton_paths_act_order(w4a16, device, path, k, n, group_size):
+    """Act-order through each tensor-core path: x[:, perm] gathered first (K not a multiple of 128 included)."""
     if not triton_available(device):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     weight, ref = random_layer(w4a16, k, n, group_size, False, torch.float16, device, act_order=True, seed=8)

@@ -32,9 +32,8 @@ def test_candidates_are_accepted_configs(w4a16, m, n, k):
     dispatch = w4a16.dispatch
     cpu = torch.device("cpu")
     plain = list(tune.candidates(m, n, k, sm_count=132))
-    gathered = list(tune.with_gather(iter(plain), act_order=True))
-    assert plain and list(tune.with_gather(iter(plain), act_order=False)) == plain
-    for path, config in gathered:
+    assert plain
+    for path, config in plain:
         assert path in dispatch.PATHS
         assert set(config) <= set(dispatch.CONFIG_KEYS), f"{path} {config}"
         # forced plans validate their keys exactly like the tuner's calls do
@@ -42,18 +41,14 @@ def test_candidates_are_accepted_configs(w4a16, m, n, k):
         assert plan.path == path and all(plan.config[key] == value for key, value in config.items())
         if config.get("ONE_TOKEN"):
             assert m == 1 and not config["SCALE_IN_OPERAND"]
-        if config.get("GATHER_X"):
-            assert path in dispatch.TENSOR_CORE_PATHS and config["BLOCK_M"] <= 64
     assert any(c.get("ONE_TOKEN") for _, c in plain) == (m == 1)
-    small_tiles = any(p in dispatch.TENSOR_CORE_PATHS and c["BLOCK_M"] <= 64 for p, c in plain)
-    assert any(c.get("GATHER_X") for _, c in gathered) == small_tiles
 
 
 @pytest.mark.kernels_ci
-@pytest.mark.parametrize("m,act_order", [(1, False), (1, True), (16, True), (128, False)])
-def test_around_plan_toggles_only_the_options(w4a16, m, act_order):
-    """`tune.py --around-plan`: the plan's own configuration first, then the same with ONE_TOKEN (M = 1,
-    fold paths) or GATHER_X (act-order, BLOCK_M <= 64), each a configuration the package accepts."""
+@pytest.mark.parametrize("m", [1, 16, 128])
+def test_around_plan_toggles_only_the_options(w4a16, m):
+    """`tune.py --around-plan`: the plan's own configuration first, then (M = 1, fold paths) the same
+    with ONE_TOKEN, each a configuration the package accepts."""
     tune = _tune_module()
     dispatch = w4a16.dispatch
     cpu = torch.device("cpu")
@@ -62,15 +57,13 @@ def test_around_plan_toggles_only_the_options(w4a16, m, act_order):
                          ("gemv", {"BLOCK_N": 128, "BLOCK_M": 1, "SPLIT_K": 8, "num_warps": 4, "num_stages": 3}),
                          ("dense", {})]:
         plan = dispatch.plan_gemm(m, 4096, 4096, 128, torch.float16, cpu, path=path, config=config)
-        pairs = list(tune.around_plan(w4a16, plan, m, act_order))
-        plain = {key: value for key, value in plan.config.items() if key not in ("ONE_TOKEN", "GATHER_X")}
+        pairs = list(tune.around_plan(w4a16, plan, m))
+        plain = {key: value for key, value in plan.config.items() if key != "ONE_TOKEN"}
         assert pairs[0] == (path, plain)
         fold = path in dispatch.TENSOR_CORE_PATHS and not plain.get("SCALE_IN_OPERAND", False)
-        expected = 1 + (m == 1 and fold)
-        expected *= 1 + (act_order and path in dispatch.TENSOR_CORE_PATHS and plain["BLOCK_M"] <= 64)
-        assert len(pairs) == expected, pairs
+        assert len(pairs) == 1 + (m == 1 and fold), pairs
         for p, c in pairs:
-            assert p == path and {k: v for k, v in c.items() if k not in ("ONE_TOKEN", "GATHER_X")} == plain
+            assert p == path and {k: v for k, v in c.items() if k != "ONE_TOKEN"} == plain
             dispatch.plan_gemm(m, 4096, 4096, 128, torch.float16, cpu, path=p, config=c)  # accepted
 
 
@@ -78,7 +71,7 @@ def test_around_plan_toggles_only_the_options(w4a16, m, act_order):
 @pytest.mark.parametrize("m,variant", [(1, "base"), (16, "act_order"), (128, "bf16"), (4096, "base")])
 def test_sass_report_records_the_launch(w4a16, m, variant):
     """benchmarks/sass_report.py compiles what a GPU call would launch: its recording of a call names
-    every non-constexpr parameter of the kernel, for the tuned plan, and leaves the package unpatched."""
+    every parameter of the kernel once, for the tuned plan's own prepared launch."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     spec = importlib.util.spec_from_file_location("w4a16_sass_report", REPO / "benchmarks" / "sass_report.py")
     report = importlib.util.module_from_spec(spec)
@@ -93,4 +86,4 @@ def test_sass_report_records_the_launch(w4a16, m, variant):
     assert sorted(named) == sorted(prepared.kernel.arg_names)  # every parameter exactly once
     assert len(tensors) == len(prepared.tensor_names) and len(ints) == len(prepared.int_names)
     assert prepared.constexprs["USE_ASM"] is True  # prepared as for a GPU
-    assert w4a16.launch.PreparedLaunch.__call__.__name__ == "__call__"  # restored
+    assert any(prepared is launch.kernel for launch in plan.launches.values())  # the plan's own prepared launch

@@ -140,8 +140,7 @@ def _heuristic(m: int, n: int, k: int, sm_count: int) -> Plan:
     return Plan(path, cfg, "heuristic")
 
 
-CONFIG_KEYS = ("BLOCK_N", "BLOCK_M", "SPLIT_K", "PROGRAMS", "num_warps", "num_stages", "maxnreg", "SCALE_IN_OPERAND", "ONE_TOKEN",
-               "GATHER_X")
+CONFIG_KEYS = ("BLOCK_N", "BLOCK_M", "SPLIT_K", "PROGRAMS", "num_warps", "num_stages", "maxnreg", "SCALE_IN_OPERAND", "ONE_TOKEN")
 
 
 def _forced(path: str, m: int, n: int, k: int, config: dict | None = None) -> Plan:

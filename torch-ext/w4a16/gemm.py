@@ -305,24 +305,6 @@ def _gather_x_block(x_ptrs, block, block_end, K, offs_w, x_mask, EVEN_K: tl.cons
 
 
 @triton.jit
-def _gather_x_rows(x_ptr, perm_ptr, xg_ptr, tile_m, block_start, block_end, M, K, stride_xm, BLOCK_M: tl.constexpr):
-    """Act-order in the kernel: xg[m, k] = x[m, perm[k]] for the tile's rows m and the 128-row blocks
-    [block_start, block_end) of K, then a CTA barrier, after which the program reads xg (contiguous
-    [M, K]) like x. Programs that share these rows write the same values to the same places, so none
-    depends on another's writes; each reads only what it wrote itself."""
-    offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_mask = offs_m < M
-    for block in range(block_start, block_end):
-        rows = block * 128 + tl.arange(0, 128)
-        row_mask = rows < K
-        src = tl.load(perm_ptr + rows, mask=row_mask, other=0)
-        mask = m_mask[:, None] & row_mask[None, :]
-        values = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + src[None, :], mask=mask, other=0.0)
-        tl.store(xg_ptr + offs_m[:, None].to(tl.int64) * K + rows[None, :], values, mask=mask)
-    tl.debug_barrier()
-
-
-@triton.jit
 def _split_range(num_blocks, SPLIT_K):
     """The 128-row blocks [start, end) of K handled by this split-K program."""
     per_split = tl.cdiv(num_blocks, SPLIT_K)
@@ -370,22 +352,17 @@ def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_m
 
 @triton.jit
 def _tile_accumulate(
-    x_ptr, perm_ptr, xg_ptr, qw_ptr, s_ptr, z_ptr, tile_n, tile_m, block_start, block_end, M, N, K, num_groups, stride_xm,
+    x_ptr, qw_ptr, s_ptr, z_ptr, tile_n, tile_m, block_start, block_end, M, N, K, num_groups, stride_xm,
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, ONE_TOKEN: tl.constexpr,
-    PER_CHANNEL: tl.constexpr, GATHER_X: tl.constexpr,
+    PER_CHANNEL: tl.constexpr,
 ):
     """The fp32 y^T tile (tile_n, tile_m) [BLOCK_N, BLOCK_M] summed over the 128-row blocks
     [block_start, block_end) of K, with its offsets and masks: the loop both tensor-core kernels run.
     ONE_TOKEN (M = 1, fold only): the fold's x sums come from x's first row alone (columns >= M of
     the tile then hold values that are never stored). PER_CHANNEL (one group spanning K, fold only):
-    the fold runs once after the loop instead of once per block. GATHER_X (act-order): x[:, perm] is
-    first gathered into xg for the tile's rows and K range (`_gather_x_rows`) and read from there."""
-    if GATHER_X:
-        _gather_x_rows(x_ptr, perm_ptr, xg_ptr, tile_m, block_start, block_end, M, K, stride_xm, BLOCK_M)
-        x_ptr = xg_ptr
-        stride_xm = K
+    the fold runs once after the loop instead of once per block."""
     offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_mask = offs_n < N
@@ -465,7 +442,7 @@ def _tile_accumulate(
 
 @triton.jit
 def _w4a16_tc_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, perm_ptr, xg_ptr,
+    x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr,
     M, N, K, num_groups, stride_xm, stride_ym,
     GROUP_SIZE: tl.constexpr,
     FOLD_SUBS: tl.constexpr,  # 16-row slices per scale fold: min(G, 128) / 16 (8 for per-channel)
@@ -474,7 +451,6 @@ def _w4a16_tc_kernel(
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K, IS_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     ONE_TOKEN: tl.constexpr,  # M == 1: the fold's x sums from one row (see _tile_accumulate)
     PER_CHANNEL: tl.constexpr,  # G == K: fold once after the loop (see _tile_accumulate)
-    GATHER_X: tl.constexpr,  # act-order: x[:, perm] gathered into xg by each program (_gather_x_rows)
 ):
     """y[M, N] = x[M, K] @ W[K, N] with W in the kernel-native layout, on tensor cores.
 
@@ -493,33 +469,31 @@ def _w4a16_tc_kernel(
       acc += s * dot - s * (z + C) * sum_k x (exact in fp32 for any zero) after every group.
 
     Options: PER_CHANNEL (G == K) folds once per tile after the loop; ONE_TOKEN (M == 1, fold) takes
-    the x sums from x's single row; GATHER_X (act-order) first gathers x[:, perm] for the program's
-    rows and K range into xg and reads that instead of x (otherwise perm_ptr / xg_ptr are unused).
+    the x sums from x's single row. Act-order weights take x already permuted (`gather_columns`).
 
     Assumes BLOCK_M >= 16, x and y unit-stride along their last dim, qweight / scales / zeros
-    contiguous (scales / zeros [K/G, N]; num_groups = K / GROUP_SIZE is passed, not derived: with it derived, ptxas stopped
-    interleaving the dequantization with the MMAs of the scale-in-operand loop, NOTES v9; G divides K),
-    MAGIC_PAIR = the magic bits of x's dtype in both 16-bit halves; with GATHER_X, perm int64 [K] and
-    xg a contiguous [M, K] scratch of x's dtype. The weight and x^T tiles are only used by the dot,
-    which lets Triton's software pipeliner stream both with asynchronous copies.
+    contiguous (scales / zeros [K/G, N]; G divides K; num_groups = K / G is passed, not derived: derived,
+    ptxas stopped interleaving the dequantization with the MMAs of the scale-in-operand loop, NOTES v9),
+    MAGIC_PAIR = the magic bits of x's dtype in both 16-bit halves. The weight and x^T tiles are only
+    used by the dot, which lets Triton's software pipeliner stream both with asynchronous copies.
     """
     block_start, block_end = _split_range(tl.cdiv(K, 128), SPLIT_K)
     acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
-        x_ptr, perm_ptr, xg_ptr, qw_ptr, s_ptr, z_ptr, tl.program_id(0), tl.program_id(1), block_start, block_end, M, N, K,
+        x_ptr, qw_ptr, s_ptr, z_ptr, tl.program_id(0), tl.program_id(1), block_start, block_end, M, N, K,
         num_groups, stride_xm, GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N,
-        BLOCK_M, EVEN_K, ONE_TOKEN, PER_CHANNEL, GATHER_X,
+        BLOCK_M, EVEN_K, ONE_TOKEN, PER_CHANNEL,
     )
     _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
 
 
 @triton.jit
 def _w4a16_streamk_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, perm_ptr, xg_ptr,
+    x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr,
     M, N, K, num_groups, stride_xm, stride_ym,
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, ONE_TOKEN: tl.constexpr,
-    PER_CHANNEL: tl.constexpr, GATHER_X: tl.constexpr,
+    PER_CHANNEL: tl.constexpr,
 ):
     """Stream-K form of `_w4a16_tc_kernel`: a persistent grid (P,) shares the work evenly.
 
@@ -547,9 +521,9 @@ def _w4a16_streamk_kernel(
         block_start = unit - tile * kb
         block_end = tl.minimum(kb, block_start + (end - unit))
         acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
-            x_ptr, perm_ptr, xg_ptr, qw_ptr, s_ptr, z_ptr, tile % tiles_n, tile // tiles_n, block_start, block_end, M, N, K,
+            x_ptr, qw_ptr, s_ptr, z_ptr, tile % tiles_n, tile // tiles_n, block_start, block_end, M, N, K,
             num_groups, stride_xm, GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N,
-            BLOCK_M, EVEN_K, ONE_TOKEN, PER_CHANNEL, GATHER_X,
+            BLOCK_M, EVEN_K, ONE_TOKEN, PER_CHANNEL,
         )
         y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
         mask = n_mask[:, None] & m_mask[None, :]
@@ -722,18 +696,17 @@ _TENSOR_ARGS = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_
 
 
 def _matmul_launch(plan: Plan, dtype: torch.dtype, device_type: str, symmetric: bool, in_features: int, group_size: int,
-                   one_token: bool, gather_x: bool) -> _MatmulLaunch:
-    """The prepared launch of `plan` for this format (ONE_TOKEN used or not, act-order gathered in the
-    kernel or not), kept in `plan.launches` (a forced plan, made afresh per call by tests and benchmarks, is
-    prepared afresh too)."""
-    fmt = (dtype, device_type, symmetric, in_features, group_size, one_token, gather_x)
+                   one_token: bool) -> _MatmulLaunch:
+    """The prepared launch of `plan` for this format (and ONE_TOKEN used or not), kept in `plan.launches`
+    (a forced plan, made afresh per call by tests and benchmarks, is prepared afresh too)."""
+    fmt = (dtype, device_type, symmetric, in_features, group_size, one_token)
     prepared = plan.launches.get(fmt)
     if prepared is None:
         prepared = plan.launches[fmt] = _prepare_matmul_launch(plan, *fmt)
     return prepared
 
 
-def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_features, group_size, one_token, gather_x) -> _MatmulLaunch:
+def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_features, group_size, one_token) -> _MatmulLaunch:
     cfg = plan.config
     block_n, block_m, split_k = cfg["BLOCK_N"], cfg["BLOCK_M"], cfg.get("SPLIT_K", 1)
     constexprs = dict(FOLD_SUBS=_fold_subs(group_size, in_features), SYMMETRIC=symmetric, BLOCK_N=block_n, BLOCK_M=block_m,
@@ -754,29 +727,36 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
         DOT_DTYPE=tl.float32 if (device_type == "cpu" and dtype == torch.bfloat16) else _TL_DTYPE[dtype],
         ONE_TOKEN=one_token and not cfg.get("SCALE_IN_OPERAND", False),  # only the fold sums x
         PER_CHANNEL=group_size == in_features,  # one group: the fold runs once per tile, after the loop
-        GATHER_X=gather_x,
     )
-    tensors = _TENSOR_ARGS + ("perm_ptr", "xg_ptr")
     ints += ("num_groups",)
     if plan.path == "streamk":
-        kernel = PreparedLaunch(_w4a16_streamk_kernel, tensor_core, options, tensors, ints)
+        kernel = PreparedLaunch(_w4a16_streamk_kernel, tensor_core, options, _TENSOR_ARGS, ints)
         return _MatmulLaunch(plan.path, block_n, block_m, 1, cfg["PROGRAMS"], kernel)
-    kernel = PreparedLaunch(_w4a16_tc_kernel, dict(tensor_core, IS_SPLIT=split_k > 1), options, tensors, ints + ("SPLIT_K",))
+    kernel = PreparedLaunch(_w4a16_tc_kernel, dict(tensor_core, IS_SPLIT=split_k > 1), options, _TENSOR_ARGS, ints + ("SPLIT_K",))
     return _MatmulLaunch(plan.path, block_n, block_m, split_k, 0, kernel)
 
 
-def launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out=None, perm=None) -> torch.Tensor:
-    """Launch the GEMV, tensor-core or Stream-K kernel of `plan` on x2 [M, K]: already permuted for
-    act-order, or with `perm` given (tensor-core paths), gathered by the kernel itself."""
+def launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out=None) -> torch.Tensor:
+    """Launch the GEMV, tensor-core or Stream-K kernel of `plan` on x2 [M, K] (for act-order weights:
+    x already permuted, `gather_columns`)."""
+    stream = current_stream(x2.device)
+    run, grid, tensors, ints, y = _launch_arguments(x2, qweight, scales, zeros, in_features, group_size, plan, out, stream,
+                                                    x2.device.type)
+    run.kernel(grid, tensors, ints, stream)
+    return y
+
+
+def _launch_arguments(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out, stream: int, device_type: str):
+    """Everything `launch_gemm` hands the prepared kernel: (prepared launch, grid, tensors, ints, y).
+    `device_type` picks the constexprs (benchmarks/sass_report.py asks for "cuda" on CPU tensors)."""
     m, k = x2.shape
     n = scales.shape[1]
     device = x2.device
     # ONE_TOKEN: x sums from one row at M = 1, a tuned option (off unless the plan's entry sets it)
     one_token = m == 1 and plan.config.get("ONE_TOKEN", False)
-    run = _matmul_launch(plan, x2.dtype, device.type, zeros is None, in_features, group_size, one_token, perm is not None)
+    run = _matmul_launch(plan, x2.dtype, device_type, zeros is None, in_features, group_size, one_token)
     y = torch.empty((m, n), device=device, dtype=x2.dtype) if out is None else out
     tiles = -(-n // run.block_n) * -(-m // run.block_m)  # ceil-divs (triton.cdiv costs ~3 us from the host)
-    stream = current_stream(device)
     if run.path == "streamk":
         units = tiles * -(-k // K_BLOCK)
         programs = min(run.programs, units)  # every program gets >= 1 unit (the reduction counts on it)
@@ -797,13 +777,10 @@ def launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan: Plan,
     if run.path == "gemv":
         ints += (group_size, run.split_k)
     else:
-        # act-order gathered in the kernel: perm and the [M, K] scratch it fills (else unused: x2)
-        tensors += (x2, x2) if perm is None else (perm, torch.empty((m, k), device=device, dtype=x2.dtype))
         ints += (k // group_size,)  # num_groups
         if run.path != "streamk":
             ints += (run.split_k,)
-    run.kernel(grid, tensors, ints, stream)
-    return y
+    return run, grid, tensors, ints, y
 
 
 def dequantize_native(qweight, scales, zeros, in_features: int, group_size: int, dtype: torch.dtype, block_n: int = 64) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .dispatch import TENSOR_CORE_PATHS, plan_gemm
+from .dispatch import plan_gemm
 from .gemm import dequantize_native, gather_columns, launch_gemm
 from .layout import W4A16Weight, unpack_int4_tiled_striped, validate_weight_tensors
 from .quantize import apply_group_params
@@ -80,11 +80,10 @@ def _matmul_checked(x, qweight, scales, zeros, perm, in_features: int, group_siz
                      config=config, act_order=perm is not None)
     if out is not None and (tuple(out.shape) != (m, n) or out.dtype != x2.dtype or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous {x2.dtype} tensor of shape [M, N] = {(m, n)}, got {out.dtype} {tuple(out.shape)}")
-    # act-order: the tensor-core kernels gather x themselves where the tuned entry says so (GATHER_X);
-    # otherwise one gather of x per call (in the kernel's x loads it was slower: NOTES v5), by a Triton
-    # kernel (torch's index_select cost 3x as much in a CUDA graph: NOTES v9)
-    gather_in_kernel = perm is not None and plan.path in TENSOR_CORE_PATHS and plan.config.get("GATHER_X", False)
-    if perm is not None and not gather_in_kernel:
+    # act-order: one gather of x per call, before the GEMM (in the kernels' x loads it was 2-7x slower,
+    # NOTES v5; per program inside the tensor-core kernels it cost more than this launch, v9), by a
+    # Triton kernel (torch's index_select took 3x as long in a CUDA graph, v9)
+    if perm is not None:
         x2 = x2.index_select(1, perm) if plan.path == "reference" else gather_columns(x2, perm)
     if plan.path == "reference":
         y = _reference_matmul(x2, qweight, scales, zeros, in_features, group_size)
@@ -92,7 +91,7 @@ def _matmul_checked(x, qweight, scales, zeros, perm, in_features: int, group_siz
         w = dequantize_native(qweight, scales, zeros, in_features, group_size, x2.dtype)
         y = torch.nn.functional.linear(x2, w)
     else:
-        y = launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan, out, perm if gather_in_kernel else None)
+        y = launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan, out)
     if out is not None and y is not out:
         out.copy_(y)
         y = out
