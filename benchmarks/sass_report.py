@@ -37,8 +37,9 @@ TARGET = GPUTarget("cuda", 90, 32)  # H100 / H200
 NVIDIA_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
-def captured_launches(kernel, m: int, n: int, k: int, variant: str) -> list:
-    """(PreparedLaunch, tensors, ints) of the kernels one call of the H200's plan would launch."""
+def captured_launches(kernel, m: int, n: int, k: int, variant: str, overrides: dict | None = None) -> list:
+    """(PreparedLaunch, tensors, ints) of the kernels one call of the H200's plan would launch (with
+    `overrides` replacing entries of the plan's configuration: a candidate compiled before it is timed)."""
     dtype, group_size, symmetric, act_order = timing.VARIANTS[variant]
     g = timing.effective_group_size(group_size, k)
     dispatch = kernel.dispatch
@@ -46,7 +47,7 @@ def captured_launches(kernel, m: int, n: int, k: int, variant: str) -> list:
     row = dispatch.tuned_row(table, by_format, dispatch.m_bucket(m), n, k, dispatch.format_key(dtype, g, symmetric, act_order))
     if row is None:
         raise SystemExit(f"no tuned entry for N={n} K={k} M={m} {variant}")
-    config = {key: row[key] for key in dispatch.CONFIG_KEYS if key in row}
+    config = {**{key: row[key] for key in dispatch.CONFIG_KEYS if key in row}, **(overrides or {})}
     plan = dispatch.plan_gemm(m, n, k, g, dtype, torch.device("cpu"), path=row["path"], config=config)
     if plan.path in ("dense", "reference"):
         return [(plan, None, None, None)]
@@ -134,7 +135,9 @@ def main() -> None:
     ap.add_argument("--shapes", default="", help="comma list of shape names (default: all)")
     ap.add_argument("--m", default="1,16,128")
     ap.add_argument("--variant", default="base", choices=list(timing.VARIANTS))
+    ap.add_argument("--set", default="", help="KEY=INT,... replacing the tuned plans' configuration entries (e.g. DOT_PARTS=2)")
     args = ap.parse_args()
+    overrides = {key: int(value) for key, value in (item.split("=") for item in filter(None, args.set.split(",")))}
     os.environ.pop("TRITON_INTERPRET", None)
     kernel = timing.load_kernel()
     wanted = set(filter(None, args.shapes.split(",")))
@@ -145,7 +148,7 @@ def main() -> None:
         if wanted and shape["name"] not in wanted:
             continue
         for m in (int(v) for v in args.m.split(",")):
-            for plan, prepared, tensors, ints in captured_launches(kernel, m, shape["N"], shape["K"], args.variant):
+            for plan, prepared, tensors, ints in captured_launches(kernel, m, shape["N"], shape["K"], args.variant, overrides):
                 if prepared is None:
                     print(f"{shape['name']:12s} {m:5d}  {'-':>4s} {'-':>5s} {'-':>5s} {'-':>4s} {'-':>4s} {'-':>7s} {'-':>7s} {'-':>5s}  {plan.path}")
                     continue

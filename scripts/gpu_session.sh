@@ -17,7 +17,7 @@ for step in ${STEPS:-tests}; do
         tune) for spec in ${TUNE_SPECS:-base:${TUNE_M:-1,2,4,8,16,32,64,128,256,512,1024,4096}}; do
                   IFS=: read -r variant tune_m mode <<< "$spec"
                   timeout "${TUNE_TIMEOUT:-540}" python3 benchmarks/tune.py --merge --variant "$variant" --shapes "${TUNE_SHAPES:-}" --m "$tune_m" \
-                      ${mode:+--around-plan} --out torch-ext/w4a16/tuned_nvidia_h200.json --log "$OUT/tune_log_${variant}${mode:+_$mode}.json" 2>&1 \
+                      ${mode:+--around-plan} --out torch-ext/w4a16/tuned_nvidia_h200.json --log "$OUT/tune_log_${variant}_m${tune_m//,/_}${mode:+_$mode}.json" 2>&1 \
                       | tee -a "$OUT/tune.txt" | tail -60
               done; cp torch-ext/w4a16/tuned_nvidia_h200.json "$OUT/"
               # later steps run with the table this step wrote: say so in their results

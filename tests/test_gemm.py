@@ -68,6 +68,8 @@ def run_and_check(w4a16, weight, ref, x, path):
     config = {"SCALE_IN_OPERAND": mode.startswith("operand")} if mode else None
     if mode == "fold-one-token":  # the fold taking x sums from x's only row (used at M = 1 when tuned so)
         config = {"SCALE_IN_OPERAND": False, "ONE_TOKEN": True}
+    if mode.startswith("operand-parts"):  # the scale-in-operand dot split into chained parts per block
+        config = {"SCALE_IN_OPERAND": True, "DOT_PARTS": int(mode.removeprefix("operand-parts"))}
     y = w4a16.matmul.w4a16_matmul(
         x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features, weight.group_size,
         path=kernel_path, out=out, config=config,
@@ -101,6 +103,22 @@ def test_triton_paths_one_token(w4a16, device, path, dtype, k, n, group_size, sy
     weight, ref = random_layer(w4a16, k, n, group_size, symmetric, dtype, device, seed=4)
     gen = torch.Generator().manual_seed(5)
     for m in (1, 2):
+        x = torch.randn(m, k, generator=gen).to(device=device, dtype=dtype)
+        err = run_and_check(w4a16, weight, ref, x, path)
+        assert err < TOL[dtype], f"{path} M={m}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("path", ["tiled:operand-parts2", "splitk:operand-parts4", "streamk:operand-parts8"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("k,n,group_size,symmetric", [CASES[0], CASES[3], CASES[4], CASES[5]])
+def test_triton_paths_dot_parts(w4a16, device, path, dtype, k, n, group_size, symmetric):
+    """Scale-in-operand with the 128-row dot in 2, 4 or 8 chained parts (DOT_PARTS): each part's
+    slices, scale folds and x rows must line up (groups of 32 split a part of 64 rows in two)."""
+    if not triton_available(device):
+        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
+    weight, ref = random_layer(w4a16, k, n, group_size, symmetric, dtype, device, seed=11)
+    gen = torch.Generator().manual_seed(12)
+    for m in (1, 17):
         x = torch.randn(m, k, generator=gen).to(device=device, dtype=dtype)
         err = run_and_check(w4a16, weight, ref, x, path)
         assert err < TOL[dtype], f"{path} M={m}: relative error {err:.2e}"
@@ -284,6 +302,9 @@ def test_bad_inputs_raise_clear_errors(w4a16):
         w4a16.w4a16_linear(torch.randn(2, 256, device="meta").half(), weight)
     with pytest.raises(ValueError, match="path must be"):
         w4a16.w4a16_linear(torch.randn(2, 256).half(), weight, path="fast")
+    with pytest.raises(ValueError, match="config DOT_PARTS must be 1, 2, 4 or 8"):
+        w4a16.matmul.w4a16_matmul(torch.randn(2, 256).half(), weight.qweight, weight.scales, weight.zeros, None, 256, 128,
+                                  path="tiled", config={"SCALE_IN_OPERAND": True, "DOT_PARTS": 3})
     x = torch.randn(2, 256).half()
     row_major = weight.qweight.permute(0, 2, 1, 3).reshape(64, 32)  # the pre-tile [N, Kp/8] layout
     with pytest.raises(ValueError, match=r"qweight must have shape \[ceil\(N/64\), ceil\(K/128\), 64, 16\] = \[1, 2, 64, 16\]"):

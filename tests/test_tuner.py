@@ -48,7 +48,7 @@ def test_candidates_are_accepted_configs(w4a16, m, n, k):
 @pytest.mark.parametrize("m", [1, 16, 128])
 def test_around_plan_toggles_only_the_options(w4a16, m):
     """`tune.py --around-plan`: the plan's own configuration first, then (M = 1, fold paths) the same
-    with ONE_TOKEN, each a configuration the package accepts."""
+    with ONE_TOKEN, or (scale-in-operand) with DOT_PARTS 2, 4, 8, each a configuration the package accepts."""
     tune = _tune_module()
     dispatch = w4a16.dispatch
     cpu = torch.device("cpu")
@@ -58,12 +58,17 @@ def test_around_plan_toggles_only_the_options(w4a16, m):
                          ("dense", {})]:
         plan = dispatch.plan_gemm(m, 4096, 4096, 128, torch.float16, cpu, path=path, config=config)
         pairs = list(tune.around_plan(w4a16, plan, m))
-        plain = {key: value for key, value in plan.config.items() if key != "ONE_TOKEN"}
+        options = ("ONE_TOKEN", "DOT_PARTS")
+        plain = {key: value for key, value in plan.config.items() if key not in options}
         assert pairs[0] == (path, plain)
-        fold = path in dispatch.TENSOR_CORE_PATHS and not plain.get("SCALE_IN_OPERAND", False)
-        assert len(pairs) == 1 + (m == 1 and fold), pairs
+        tensor_core = path in dispatch.TENSOR_CORE_PATHS
+        operand = tensor_core and plain.get("SCALE_IN_OPERAND", False)
+        fold = tensor_core and not operand
+        assert len(pairs) == 1 + (m == 1 and fold) + 3 * operand, pairs
+        if operand:
+            assert [c.get("DOT_PARTS", 1) for _, c in pairs] == [1, 2, 4, 8]
         for p, c in pairs:
-            assert p == path and {k: v for k, v in c.items() if k != "ONE_TOKEN"} == plain
+            assert p == path and {k: v for k, v in c.items() if k not in options} == plain
             dispatch.plan_gemm(m, 4096, 4096, 128, torch.float16, cpu, path=p, config=c)  # accepted
 
 

@@ -140,7 +140,8 @@ def _heuristic(m: int, n: int, k: int, sm_count: int) -> Plan:
     return Plan(path, cfg, "heuristic")
 
 
-CONFIG_KEYS = ("BLOCK_N", "BLOCK_M", "SPLIT_K", "PROGRAMS", "num_warps", "num_stages", "maxnreg", "SCALE_IN_OPERAND", "ONE_TOKEN")
+CONFIG_KEYS = ("BLOCK_N", "BLOCK_M", "SPLIT_K", "PROGRAMS", "num_warps", "num_stages", "maxnreg", "SCALE_IN_OPERAND", "ONE_TOKEN",
+               "DOT_PARTS")
 
 
 def _forced(path: str, m: int, n: int, k: int, config: dict | None = None) -> Plan:
@@ -153,6 +154,8 @@ def _forced(path: str, m: int, n: int, k: int, config: dict | None = None) -> Pl
         unknown = set(config) - set(CONFIG_KEYS)
         if unknown:
             raise ValueError(f"config keys must be among {CONFIG_KEYS}, got {sorted(unknown)}")
+        if config.get("DOT_PARTS", 1) not in (1, 2, 4, 8):
+            raise ValueError(f"config DOT_PARTS must be 1, 2, 4 or 8 (chained dots per 128-row block), got {config['DOT_PARTS']!r}")
         plan = Plan(path, {**plan.config, **config}, "forced")
     return plan
 

@@ -224,6 +224,22 @@ def _unpack_slices(words, operand_params, MAGIC_PAIR: tl.constexpr, MAGIC_VALUE:
 
 
 @triton.jit
+def _dequantized_part(words, params, FIRST: tl.constexpr, COUNT: tl.constexpr, MAGIC_PAIR: tl.constexpr,
+                      MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, FOLD_SUBS: tl.constexpr, XT_DTYPE: tl.constexpr,
+                      DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Slices FIRST .. FIRST + COUNT - 1 of a [BLOCK_N, 16] word tile, dequantized and concatenated along K:
+    the operand [BLOCK_N, 16 * COUNT] of one part of the scale-in-operand dot (`_unpack_slices` makes all
+    eight at once). Slice j = 4h + q is nibble pair q of the word columns 2p + h."""
+    halves = tl.split(tl.reshape(words, (BLOCK_N, 8, 2)))  # (even word columns: slices 0..3, odd: 4..7)
+    slices = ()
+    for j in tl.static_range(FIRST, FIRST + COUNT):
+        pairs = _magic_pairs(halves[j // 4], j % 4, MAGIC_PAIR, USE_ASM)
+        pairs = _dequantize_pairs(pairs, params[j // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
+        slices = slices + (_pairs_to_slice(pairs, XT_DTYPE, BLOCK_N).to(DOT_DTYPE),)
+    return _concat_slices(slices, 0, COUNT)
+
+
+@triton.jit
 def _pairs_to_slice(pairs, XT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
     """uint32 [BLOCK_N, 8] of 16-bit pairs (row 2p low, row 2p+1 high) -> [BLOCK_N, 16] values.
 
@@ -356,7 +372,7 @@ def _tile_accumulate(
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, ONE_TOKEN: tl.constexpr,
-    PER_CHANNEL: tl.constexpr,
+    PER_CHANNEL: tl.constexpr, DOT_PARTS: tl.constexpr,
 ):
     """The fp32 y^T tile (tile_n, tile_m) [BLOCK_N, BLOCK_M] summed over the 128-row blocks
     [block_start, block_end) of K, with its offsets and masks: the loop both tensor-core kernels run.
@@ -368,7 +384,7 @@ def _tile_accumulate(
     n_mask = offs_n < N
     m_mask = offs_m < M
     FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
-    X_ROWS: tl.constexpr = 128 if SCALE_IN_OPERAND else FOLD_ROWS
+    X_ROWS: tl.constexpr = 128 // DOT_PARTS if SCALE_IN_OPERAND else FOLD_ROWS  # x^T rows per dot
     offs_xk = tl.arange(0, X_ROWS)
 
     w_ptrs = _weight_words_ptrs(qw_ptr, offs_n, K)
@@ -399,10 +415,18 @@ def _tile_accumulate(
             params = side
             side = _load_operand_params(s_ptr, z_ptr, block + 1, block_end, num_groups, offs_n, n_mask, N,
                                         GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM)
-            weights = _unpack_slices(words, params, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, True, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
-            k0 = block * 128
-            xt = _load_x_rows(x_rows, k0 + offs_xk, K, m_mask, EVEN_K, "", True)
-            acc = tl.dot(_concat_slices(weights, 0, 8), xt.to(DOT_DTYPE), acc, out_dtype=tl.float32)
+            if DOT_PARTS == 1:
+                weights = _unpack_slices(words, params, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, True, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
+                xt = _load_x_rows(x_rows, block * 128 + offs_xk, K, m_mask, EVEN_K, "", True)
+                acc = tl.dot(_concat_slices(weights, 0, 8), xt.to(DOT_DTYPE), acc, out_dtype=tl.float32)
+            else:
+                # DOT_PARTS chained dots over 128 / DOT_PARTS rows each, every operand part built right
+                # before its dot: gives ptxas room to unpack part p + 1 while part p's MMAs run.
+                for p in tl.static_range(DOT_PARTS):
+                    a = _dequantized_part(words, params, p * (8 // DOT_PARTS), 8 // DOT_PARTS, MAGIC_PAIR, MAGIC_VALUE, USE_ASM,
+                                          FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
+                    xt = _load_x_rows(x_rows, block * 128 + p * X_ROWS + offs_xk, K, m_mask, EVEN_K, "", True)
+                    acc = tl.dot(a, xt.to(DOT_DTYPE), acc, out_dtype=tl.float32)
         elif PER_CHANNEL:
             # One group spans K: chain the raw dots (nothing between the MMAs, as with SCALE_IN_OPERAND)
             # and the x sums over the blocks; the fold runs once, after the loop.
@@ -451,6 +475,7 @@ def _w4a16_tc_kernel(
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K, IS_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     ONE_TOKEN: tl.constexpr,  # M == 1: the fold's x sums from one row (see _tile_accumulate)
     PER_CHANNEL: tl.constexpr,  # G == K: fold once after the loop (see _tile_accumulate)
+    DOT_PARTS: tl.constexpr,  # scale-in-operand: chained dots per 128-row block (1, 2, 4 or 8)
 ):
     """y[M, N] = x[M, K] @ W[K, N] with W in the kernel-native layout, on tensor cores.
 
@@ -481,7 +506,7 @@ def _w4a16_tc_kernel(
     acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
         x_ptr, qw_ptr, s_ptr, z_ptr, tl.program_id(0), tl.program_id(1), block_start, block_end, M, N, K,
         num_groups, stride_xm, GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N,
-        BLOCK_M, EVEN_K, ONE_TOKEN, PER_CHANNEL,
+        BLOCK_M, EVEN_K, ONE_TOKEN, PER_CHANNEL, DOT_PARTS,
     )
     _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
 
@@ -493,7 +518,7 @@ def _w4a16_streamk_kernel(
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, ONE_TOKEN: tl.constexpr,
-    PER_CHANNEL: tl.constexpr,
+    PER_CHANNEL: tl.constexpr, DOT_PARTS: tl.constexpr,
 ):
     """Stream-K form of `_w4a16_tc_kernel`: a persistent grid (P,) shares the work evenly.
 
@@ -523,7 +548,7 @@ def _w4a16_streamk_kernel(
         acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
             x_ptr, qw_ptr, s_ptr, z_ptr, tile % tiles_n, tile // tiles_n, block_start, block_end, M, N, K,
             num_groups, stride_xm, GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N,
-            BLOCK_M, EVEN_K, ONE_TOKEN, PER_CHANNEL,
+            BLOCK_M, EVEN_K, ONE_TOKEN, PER_CHANNEL, DOT_PARTS,
         )
         y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
         mask = n_mask[:, None] & m_mask[None, :]
@@ -727,6 +752,7 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
         DOT_DTYPE=tl.float32 if (device_type == "cpu" and dtype == torch.bfloat16) else _TL_DTYPE[dtype],
         ONE_TOKEN=one_token and not cfg.get("SCALE_IN_OPERAND", False),  # only the fold sums x
         PER_CHANNEL=group_size == in_features,  # one group: the fold runs once per tile, after the loop
+        DOT_PARTS=cfg.get("DOT_PARTS", 1) if cfg.get("SCALE_IN_OPERAND", False) else 1,
     )
     ints += ("num_groups",)
     if plan.path == "streamk":
