@@ -175,9 +175,10 @@ def main() -> None:
             us, path, config = best
             entries.append({"N": n, "K": k, "M": m, **fmt, "path": path, **config, "us": round(us, 2)})
             print(f"{shape['name']:12s} {args.variant:5s} M={m:5d} best {path:7s} {config} {us:8.2f} us", flush=True)
+            # after every entry: a run cut short by its time limit keeps everything it decided
+            write_table(args, info, table_group_size, merged(kept, entries), log)
         del weights
         torch.cuda.empty_cache()
-        write_table(args, info, table_group_size, merged(kept, entries), log)
     print(f"wrote {args.out} ({len(entries)} entries)")
 
 
@@ -192,7 +193,7 @@ def merged(kept: list, entries: list) -> list:
 
 
 def write_table(args, info, group_size, entries, log) -> None:
-    """Written after every shape, so a run cut short still leaves what it measured."""
+    """Written after every entry, so a run cut short still leaves what it measured."""
     table = {
         "about": "Fastest measured path and launch configuration per (N, K, M bucket); regenerate with benchmarks/tune.py.",
         "applies_to": ["H200", "H100"],
