@@ -377,7 +377,8 @@ def _tile_accumulate(
     """The fp32 y^T tile (tile_n, tile_m) [BLOCK_N, BLOCK_M] summed over the 128-row blocks
     [block_start, block_end) of K, with its offsets and masks: the loop both tensor-core kernels run.
     ONE_TOKEN (M = 1, fold only): the fold's x sums come from x's first row alone (columns >= M of
-    the tile then hold values that are never stored). PER_CHANNEL (one group spanning K, fold only):
+    the tile then hold values that are never stored). DOT_PARTS (scale in operand only): chained dots
+    per block, 128 / DOT_PARTS rows each. PER_CHANNEL (one group spanning K, fold only):
     the fold runs once after the loop instead of once per block."""
     offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -488,13 +489,14 @@ def _w4a16_tc_kernel(
     register relabelling, no data movement) into one dot operand. Two ways to apply scale and zero:
 
     - SCALE_IN_OPERAND: each slice becomes (c - C) * s - z*s in x's dtype (two packed
-      instructions per pair of weights), the whole 128-row block is one dot, and the accumulator
-      chains from block to block with nothing between the MMAs (so they can run asynchronously).
+      instructions per pair of weights), the whole 128-row block is one dot (or DOT_PARTS chained
+      dots, each part's operand unpacked right before it), and the accumulator chains from block
+      to block with nothing between the MMAs (so they can run asynchronously).
     - otherwise: one dot per scale group on the raw C + q, then the fold
       acc += s * dot - s * (z + C) * sum_k x (exact in fp32 for any zero) after every group.
 
     Options: PER_CHANNEL (G == K) folds once per tile after the loop; ONE_TOKEN (M == 1, fold) takes
-    the x sums from x's single row. Act-order weights take x already permuted (`gather_columns`).
+    the x sums from x's single row; DOT_PARTS (scale in operand, 1 otherwise) as above. Act-order weights take x already permuted (`gather_columns`).
 
     Assumes BLOCK_M >= 16, x and y unit-stride along their last dim, qweight / scales / zeros
     contiguous (scales / zeros [K/G, N]; G divides K; num_groups = K / G is passed, not derived: derived,
