@@ -78,29 +78,31 @@ def candidates(m: int, n: int, k: int, sm_count: int):
                 continue
             tiles = -(-n // bn) * -(-m // bm)
             for split in splits(tiles, most=2):
-                # DOT_PARTS = 4 (scale in operand): the block's dot as four chained 32-row dots, each operand
-                # part unpacked next to its MMA (sm_90: fewer registers, a different schedule; NOTES v10).
-                # 2 and 8 are left to --around-plan.
-                for parts in ((1, 4) if operand else (1,)):
+                # DOT_PARTS = 2 (scale in operand): the block's dot as two chained 64-row dots, each operand
+                # half unpacked right before its MMAs; it won on most M = 64..256 entries on the H200 (NOTES
+                # v10). Other values, and DOT_PARTS on fold plans, are left to --around-plan.
+                for parts in ((1, 2) if operand else (1,)):
                     c = cfg(bn, bm, w, st, split, operand)
                     yield ("splitk" if split > 1 else "tiled"), ({**c, "DOT_PARTS": parts} if parts > 1 else c)
-    if m >= 64:  # the dense path (dequantize + cuBLAS) beat the fused kernel at M = 256 on every shape
+    if m >= 64:  # the dense path (dequantize + cuBLAS): the tuned table picks it at M = 512 on six shapes
         yield "dense", {}
 
 
 def around_plan(kernel, plan, m: int):
-    """`--around-plan`: the dispatcher's current plan for the call with its options toggled: at M = 1
-    with and without ONE_TOKEN (fold plans), and scale-in-operand plans with DOT_PARTS 1, 2, 4 and 8.
-    Decides the options in a few timings where a full search would take minutes per shape."""
-    config = {key: value for key, value in plan.config.items() if key not in ("ONE_TOKEN", "DOT_PARTS")}
+    """`--around-plan`: the dispatcher's current plan for the call as it is, then with one option changed
+    at a time (tensor-core plans): DOT_PARTS set to each other value of 1, 2, 4, 8, and at M = 1 (fold
+    plans) ONE_TOKEN flipped. Decides the options in a few timings where a full search would take
+    minutes per shape."""
+    config = dict(plan.config)
     yield plan.path, config
     if plan.path not in kernel.dispatch.TENSOR_CORE_PATHS:
         return
-    if config.get("SCALE_IN_OPERAND", False):
-        for parts in (2, 4, 8):
-            yield plan.path, {**config, "DOT_PARTS": parts}
-    elif m == 1:
-        yield plan.path, {**config, "ONE_TOKEN": True}
+    for parts in (1, 2, 4, 8):
+        if parts != config.get("DOT_PARTS", 1):
+            yield plan.path, {**{k: v for k, v in config.items() if k != "DOT_PARTS"}, **({"DOT_PARTS": parts} if parts > 1 else {})}
+    if m == 1 and not config.get("SCALE_IN_OPERAND", False):
+        flipped = {k: v for k, v in config.items() if k != "ONE_TOKEN"}
+        yield plan.path, (flipped if config.get("ONE_TOKEN", False) else {**flipped, "ONE_TOKEN": True})
 
 
 def time_candidate(kernel, weights, x, k, group_size, path, config, reference=None) -> float:
@@ -127,7 +129,7 @@ def main() -> None:
     ap.add_argument("--variant", default="base", choices=list(timing.VARIANTS),
                     help="weight format to tune (timing.VARIANTS)")
     ap.add_argument("--around-plan", action="store_true",
-                    help="time only the current plan with its options toggled (ONE_TOKEN at M = 1, DOT_PARTS), not every candidate")
+                    help="time only the current plan and the same with one option changed (DOT_PARTS; ONE_TOKEN at M = 1)")
     args = ap.parse_args()
 
     kernel = timing.load_kernel()

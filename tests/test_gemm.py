@@ -68,8 +68,9 @@ def run_and_check(w4a16, weight, ref, x, path):
     config = {"SCALE_IN_OPERAND": mode.startswith("operand")} if mode else None
     if mode == "fold-one-token":  # the fold taking x sums from x's only row (used at M = 1 when tuned so)
         config = {"SCALE_IN_OPERAND": False, "ONE_TOKEN": True}
-    if mode.startswith("operand-parts"):  # the scale-in-operand dot split into chained parts per block
-        config = {"SCALE_IN_OPERAND": True, "DOT_PARTS": int(mode.removeprefix("operand-parts"))}
+    if "-parts" in mode:  # every dot split into chained parts (DOT_PARTS), e.g. "operand-parts4", "fold-parts2"
+        scale_mode, _, parts = mode.partition("-parts")
+        config = {"SCALE_IN_OPERAND": scale_mode == "operand", "DOT_PARTS": int(parts), "ONE_TOKEN": scale_mode == "fold-one-token"}
     y = w4a16.matmul.w4a16_matmul(
         x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features, weight.group_size,
         path=kernel_path, out=out, config=config,
@@ -108,12 +109,14 @@ def test_triton_paths_one_token(w4a16, device, path, dtype, k, n, group_size, sy
         assert err < TOL[dtype], f"{path} M={m}: relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("path", ["tiled:operand-parts2", "splitk:operand-parts4", "streamk:operand-parts8"])
+@pytest.mark.parametrize("path", ["tiled:operand-parts2", "splitk:operand-parts4", "streamk:operand-parts8",
+                                  "splitk:fold-parts2", "tiled:fold-parts4", "streamk:fold-parts8", "splitk:fold-one-token-parts2"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("k,n,group_size,symmetric", [CASES[0], CASES[3], CASES[4], CASES[5]])
 def test_triton_paths_dot_parts(w4a16, device, path, dtype, k, n, group_size, symmetric):
-    """Scale-in-operand with the 128-row dot in 2, 4 or 8 chained parts (DOT_PARTS): each part's
-    slices, scale folds and x rows must line up (groups of 32 split a part of 64 rows in two)."""
+    """Every dot in 2, 4 or 8 chained parts (DOT_PARTS), scale in operand and fold: each part's slices,
+    scale folds and x rows must line up (group 32 splits an operand part of 64 rows in two; the fold
+    splits each group's dot, per-channel the block's)."""
     if not triton_available(device):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     weight, ref = random_layer(w4a16, k, n, group_size, symmetric, dtype, device, seed=11)

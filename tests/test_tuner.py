@@ -47,28 +47,31 @@ def test_candidates_are_accepted_configs(w4a16, m, n, k):
 @pytest.mark.kernels_ci
 @pytest.mark.parametrize("m", [1, 16, 128])
 def test_around_plan_toggles_only_the_options(w4a16, m):
-    """`tune.py --around-plan`: the plan's own configuration first, then (M = 1, fold paths) the same
-    with ONE_TOKEN, or (scale-in-operand) with DOT_PARTS 2, 4, 8, each a configuration the package accepts."""
+    """`tune.py --around-plan`: the plan's own configuration first, then (tensor-core plans) the same with
+    DOT_PARTS set to each other value and, at M = 1 on fold plans, ONE_TOKEN flipped: one option changed
+    per candidate, each a configuration the package accepts."""
     tune = _tune_module()
     dispatch = w4a16.dispatch
     cpu = torch.device("cpu")
     for path, config in [("splitk", {"BLOCK_N": 128, "BLOCK_M": 16, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4, "ONE_TOKEN": True}),
-                         ("tiled", {"BLOCK_N": 128, "BLOCK_M": 16, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4, "SCALE_IN_OPERAND": True}),
+                         ("tiled", {"BLOCK_N": 128, "BLOCK_M": 16, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4,
+                                    "SCALE_IN_OPERAND": True, "DOT_PARTS": 2}),
                          ("gemv", {"BLOCK_N": 128, "BLOCK_M": 1, "SPLIT_K": 8, "num_warps": 4, "num_stages": 3}),
                          ("dense", {})]:
         plan = dispatch.plan_gemm(m, 4096, 4096, 128, torch.float16, cpu, path=path, config=config)
         pairs = list(tune.around_plan(w4a16, plan, m))
-        options = ("ONE_TOKEN", "DOT_PARTS")
-        plain = {key: value for key, value in plan.config.items() if key not in options}
-        assert pairs[0] == (path, plain)
+        assert pairs[0] == (path, plan.config)
         tensor_core = path in dispatch.TENSOR_CORE_PATHS
-        operand = tensor_core and plain.get("SCALE_IN_OPERAND", False)
-        fold = tensor_core and not operand
-        assert len(pairs) == 1 + (m == 1 and fold) + 3 * operand, pairs
-        if operand:
-            assert [c.get("DOT_PARTS", 1) for _, c in pairs] == [1, 2, 4, 8]
-        for p, c in pairs:
-            assert p == path and {k: v for k, v in c.items() if k not in options} == plain
+        fold = tensor_core and not plan.config.get("SCALE_IN_OPERAND", False)
+        assert len(pairs) == 1 + 3 * tensor_core + (m == 1 and fold), pairs
+        if tensor_core:
+            assert sorted(c.get("DOT_PARTS", 1) for _, c in pairs[:4]) == [1, 2, 4, 8]
+        defaults = {"ONE_TOKEN": False, "DOT_PARTS": 1}  # what a config without the key means
+        for p, c in pairs[1:]:
+            assert p == path
+            assert {k: v for k, v in c.items() if k not in defaults} == {k: v for k, v in plan.config.items() if k not in defaults}
+            changed = [key for key, value in defaults.items() if c.get(key, value) != plan.config.get(key, value)]
+            assert len(changed) == 1, (c, plan.config)
             dispatch.plan_gemm(m, 4096, 4096, 128, torch.float16, cpu, path=p, config=c)  # accepted
 
 

@@ -224,19 +224,38 @@ def _unpack_slices(words, operand_params, MAGIC_PAIR: tl.constexpr, MAGIC_VALUE:
 
 
 @triton.jit
-def _dequantized_part(words, params, FIRST: tl.constexpr, COUNT: tl.constexpr, MAGIC_PAIR: tl.constexpr,
-                      MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, FOLD_SUBS: tl.constexpr, XT_DTYPE: tl.constexpr,
-                      DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Slices FIRST .. FIRST + COUNT - 1 of a [BLOCK_N, 16] word tile, dequantized and concatenated along K:
-    the operand [BLOCK_N, 16 * COUNT] of one part of the scale-in-operand dot (`_unpack_slices` makes all
-    eight at once). Slice j = 4h + q is nibble pair q of the word columns 2p + h."""
+def _operand_part(words, params, FIRST: tl.constexpr, COUNT: tl.constexpr, DEQUANTIZE: tl.constexpr, MAGIC_PAIR: tl.constexpr,
+                  MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, FOLD_SUBS: tl.constexpr, XT_DTYPE: tl.constexpr,
+                  DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Slices FIRST .. FIRST + COUNT - 1 of a [BLOCK_N, 16] word tile concatenated along K: one dot operand
+    [BLOCK_N, 16 * COUNT] of C + q, or with DEQUANTIZE of (q - z) * s (`_unpack_slices` makes all eight
+    slices at once). Slice j = 4h + q is nibble pair q of the word columns 2p + h."""
     halves = tl.split(tl.reshape(words, (BLOCK_N, 8, 2)))  # (even word columns: slices 0..3, odd: 4..7)
     slices = ()
     for j in tl.static_range(FIRST, FIRST + COUNT):
         pairs = _magic_pairs(halves[j // 4], j % 4, MAGIC_PAIR, USE_ASM)
-        pairs = _dequantize_pairs(pairs, params[j // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
+        if DEQUANTIZE:
+            pairs = _dequantize_pairs(pairs, params[j // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
         slices = slices + (_pairs_to_slice(pairs, XT_DTYPE, BLOCK_N).to(DOT_DTYPE),)
     return _concat_slices(slices, 0, COUNT)
+
+
+@triton.jit
+def _chained_part_dots(acc, words, params, x_rows, k_first, K, m_mask, FIRST: tl.constexpr, SLICES: tl.constexpr,
+                       PARTS: tl.constexpr, DEQUANTIZE: tl.constexpr, MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr,
+                       USE_ASM: tl.constexpr, FOLD_SUBS: tl.constexpr, XT_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                       BLOCK_N: tl.constexpr, EVEN_K: tl.constexpr):
+    """acc + (slices FIRST .. FIRST + SLICES - 1 of the word tile) . x^T[k_first : k_first + 16 * SLICES] as PARTS
+    chained dots (DOT_PARTS), each part's operand built right before its dot: ptxas can then unpack part p + 1
+    while part p's MMAs run, and fewer operand registers are live at once."""
+    PART_SLICES: tl.constexpr = SLICES // PARTS
+    offs_k = tl.arange(0, 16 * PART_SLICES)
+    for p in tl.static_range(PARTS):
+        a = _operand_part(words, params, FIRST + p * PART_SLICES, PART_SLICES, DEQUANTIZE, MAGIC_PAIR, MAGIC_VALUE, USE_ASM,
+                          FOLD_SUBS, XT_DTYPE, DOT_DTYPE, BLOCK_N)
+        xt = _load_x_rows(x_rows, k_first + p * 16 * PART_SLICES + offs_k, K, m_mask, EVEN_K, "", True)
+        acc = tl.dot(a, xt.to(DOT_DTYPE), acc, out_dtype=tl.float32)
+    return acc
 
 
 @triton.jit
@@ -377,15 +396,17 @@ def _tile_accumulate(
     """The fp32 y^T tile (tile_n, tile_m) [BLOCK_N, BLOCK_M] summed over the 128-row blocks
     [block_start, block_end) of K, with its offsets and masks: the loop both tensor-core kernels run.
     ONE_TOKEN (M = 1, fold only): the fold's x sums come from x's first row alone (columns >= M of
-    the tile then hold values that are never stored). DOT_PARTS (scale in operand only): chained dots
-    per block, 128 / DOT_PARTS rows each. PER_CHANNEL (one group spanning K, fold only):
-    the fold runs once after the loop instead of once per block."""
+    the tile then hold values that are never stored). DOT_PARTS > 1: each dot (the block's, or a scale
+    fold's) as chained dots over at most 128 / DOT_PARTS rows, operands built part by part. PER_CHANNEL
+    (one group spanning K, fold only): the fold runs once after the loop instead of once per block."""
     offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_mask = offs_n < N
     m_mask = offs_m < M
     FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
-    X_ROWS: tl.constexpr = 128 // DOT_PARTS if SCALE_IN_OPERAND else FOLD_ROWS  # x^T rows per dot
+    X_ROWS: tl.constexpr = 128 if SCALE_IN_OPERAND else FOLD_ROWS  # x^T rows per dot (with DOT_PARTS = 1)
+    # DOT_PARTS > 1: chained dots per scale fold (the whole block for scale in operand / per-channel)
+    FOLD_PARTS: tl.constexpr = DOT_PARTS * FOLD_SUBS // 8 if DOT_PARTS * FOLD_SUBS >= 8 else 1
     offs_xk = tl.arange(0, X_ROWS)
 
     w_ptrs = _weight_words_ptrs(qw_ptr, offs_n, K)
@@ -421,33 +442,38 @@ def _tile_accumulate(
                 xt = _load_x_rows(x_rows, block * 128 + offs_xk, K, m_mask, EVEN_K, "", True)
                 acc = tl.dot(_concat_slices(weights, 0, 8), xt.to(DOT_DTYPE), acc, out_dtype=tl.float32)
             else:
-                # DOT_PARTS chained dots over 128 / DOT_PARTS rows each, every operand part built right
-                # before its dot: gives ptxas room to unpack part p + 1 while part p's MMAs run.
-                for p in tl.static_range(DOT_PARTS):
-                    a = _dequantized_part(words, params, p * (8 // DOT_PARTS), 8 // DOT_PARTS, MAGIC_PAIR, MAGIC_VALUE, USE_ASM,
-                                          FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
-                    xt = _load_x_rows(x_rows, block * 128 + p * X_ROWS + offs_xk, K, m_mask, EVEN_K, "", True)
-                    acc = tl.dot(a, xt.to(DOT_DTYPE), acc, out_dtype=tl.float32)
+                acc = _chained_part_dots(acc, words, params, x_rows, block * 128, K, m_mask, 0, 8, DOT_PARTS, True, MAGIC_PAIR,
+                                         MAGIC_VALUE, USE_ASM, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N, EVEN_K)
         elif PER_CHANNEL:
             # One group spans K: chain the raw dots (nothing between the MMAs, as with SCALE_IN_OPERAND)
             # and the x sums over the blocks; the fold runs once, after the loop.
             x_again = side[0][0]
             side = _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block + 1, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
                                      n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN)
-            slices = _unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
-            xt = _load_x_rows(x_rows, block * 128 + offs_xk, K, m_mask, EVEN_K, "", True)
-            raw = tl.dot(_concat_slices(slices, 0, 8), xt.to(DOT_DTYPE), raw, out_dtype=tl.float32)
+            if DOT_PARTS == 1:
+                slices = _unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
+                xt = _load_x_rows(x_rows, block * 128 + offs_xk, K, m_mask, EVEN_K, "", True)
+                raw = tl.dot(_concat_slices(slices, 0, 8), xt.to(DOT_DTYPE), raw, out_dtype=tl.float32)
+            else:
+                raw = _chained_part_dots(raw, words, (), x_rows, block * 128, K, m_mask, 0, 8, DOT_PARTS, False, MAGIC_PAIR,
+                                         MAGIC_VALUE, USE_ASM, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N, EVEN_K)
             xsum_total += tl.sum(x_again.to(tl.float32), axis=0)
         else:
             x_again, scales, shifted_zeros = side
             side = _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block + 1, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
                                      n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN)
-            slices = _unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
+            if DOT_PARTS == 1:
+                slices = _unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
             for f in tl.static_range(8 // FOLD_SUBS):
                 k0 = block * 128 + f * FOLD_ROWS
-                a = _concat_slices(slices, f * FOLD_SUBS, FOLD_SUBS)  # [BLOCK_N, FOLD_ROWS]
-                xt = _load_x_rows(x_rows, k0 + offs_xk, K, m_mask, EVEN_K, "", True)
-                part = tl.dot(a, xt.to(DOT_DTYPE), out_dtype=tl.float32)
+                if DOT_PARTS == 1:
+                    a = _concat_slices(slices, f * FOLD_SUBS, FOLD_SUBS)  # [BLOCK_N, FOLD_ROWS]
+                    xt = _load_x_rows(x_rows, k0 + offs_xk, K, m_mask, EVEN_K, "", True)
+                    part = tl.dot(a, xt.to(DOT_DTYPE), out_dtype=tl.float32)
+                else:
+                    part = _chained_part_dots(tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), words, (), x_rows, k0, K, m_mask,
+                                              f * FOLD_SUBS, FOLD_SUBS, FOLD_PARTS, False, MAGIC_PAIR, MAGIC_VALUE, USE_ASM,
+                                              FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N, EVEN_K)
                 xsum = tl.sum(x_again[f].to(tl.float32), axis=0)  # [BLOCK_M], or a scalar with ONE_TOKEN
                 if not ONE_TOKEN:
                     xsum = xsum[None, :]
@@ -476,7 +502,7 @@ def _w4a16_tc_kernel(
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K, IS_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     ONE_TOKEN: tl.constexpr,  # M == 1: the fold's x sums from one row (see _tile_accumulate)
     PER_CHANNEL: tl.constexpr,  # G == K: fold once after the loop (see _tile_accumulate)
-    DOT_PARTS: tl.constexpr,  # scale-in-operand: chained dots per 128-row block (1, 2, 4 or 8)
+    DOT_PARTS: tl.constexpr,  # 1, 2, 4 or 8: each dot as chained parts of <= 128 / DOT_PARTS rows
 ):
     """y[M, N] = x[M, K] @ W[K, N] with W in the kernel-native layout, on tensor cores.
 
@@ -496,7 +522,8 @@ def _w4a16_tc_kernel(
       acc += s * dot - s * (z + C) * sum_k x (exact in fp32 for any zero) after every group.
 
     Options: PER_CHANNEL (G == K) folds once per tile after the loop; ONE_TOKEN (M == 1, fold) takes
-    the x sums from x's single row; DOT_PARTS (scale in operand, 1 otherwise) as above. Act-order weights take x already permuted (`gather_columns`).
+    the x sums from x's single row; DOT_PARTS splits every dot (the block's, or each scale fold's) into
+    chained dots over at most 128 / DOT_PARTS rows, each part's operand unpacked right before it. Act-order weights take x already permuted (`gather_columns`).
 
     Assumes BLOCK_M >= 16, x and y unit-stride along their last dim, qweight / scales / zeros
     contiguous (scales / zeros [K/G, N]; G divides K; num_groups = K / G is passed, not derived: derived,
@@ -754,7 +781,7 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
         DOT_DTYPE=tl.float32 if (device_type == "cpu" and dtype == torch.bfloat16) else _TL_DTYPE[dtype],
         ONE_TOKEN=one_token and not cfg.get("SCALE_IN_OPERAND", False),  # only the fold sums x
         PER_CHANNEL=group_size == in_features,  # one group: the fold runs once per tile, after the loop
-        DOT_PARTS=cfg.get("DOT_PARTS", 1) if cfg.get("SCALE_IN_OPERAND", False) else 1,
+        DOT_PARTS=cfg.get("DOT_PARTS", 1),
     )
     ints += ("num_groups",)
     if plan.path == "streamk":
