@@ -437,6 +437,8 @@ def _tile_accumulate(
             params = side
             side = _load_operand_params(s_ptr, z_ptr, block + 1, block_end, num_groups, offs_n, n_mask, N,
                                         GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM)
+            # DOT_PARTS = 1 keeps the all-slices-first form here and below: the shipped entries were timed
+            # with its sm_90 schedule (through _chained_part_dots five of them schedule differently, NOTES v10)
             if DOT_PARTS == 1:
                 weights = _unpack_slices(words, params, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, True, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
                 xt = _load_x_rows(x_rows, block * 128 + offs_xk, K, m_mask, EVEN_K, "", True)
@@ -523,7 +525,8 @@ def _w4a16_tc_kernel(
 
     Options: PER_CHANNEL (G == K) folds once per tile after the loop; ONE_TOKEN (M == 1, fold) takes
     the x sums from x's single row; DOT_PARTS splits every dot (the block's, or each scale fold's) into
-    chained dots over at most 128 / DOT_PARTS rows, each part's operand unpacked right before it. Act-order weights take x already permuted (`gather_columns`).
+    chained dots over at most 128 / DOT_PARTS rows, each part's operand unpacked right before it.
+    Act-order weights take x already permuted (`gather_columns`).
 
     Assumes BLOCK_M >= 16, x and y unit-stride along their last dim, qweight / scales / zeros
     contiguous (scales / zeros [K/G, N]; G divides K; num_groups = K / G is passed, not derived: derived,
