@@ -37,9 +37,15 @@ def nbytes(r) -> int:
     return timing.w4_bytes(r["N"], r["K"], r["M"], r.get("group_size", 128), r.get("symmetric", False))
 
 
+def speedup(r, fp16: dict) -> float:
+    """fp16 time / this row's time, against the fp16 time of the row's own run (`fp16_us`, written by
+    bench_gemm.py) where it has one, else against the file's fp16 row for the shape and M."""
+    return (r["fp16_us"] if "fp16_us" in r else fp16[(r["shape"], r["M"])]) / r["us"]
+
+
 def markdown_tables(rows) -> str:
     fp16 = {(r["shape"], r["M"]): r["us"] for r in rows if r["impl"] == "fp16"}
-    int4 = {(r["shape"], r["M"]): r["us"] for r in rows if r["impl"] == "torch_int4"}
+    int4 = {(r["shape"], r["M"]): r for r in rows if r["impl"] == "torch_int4"}
     ours = {(r["shape"], r["M"]): r for r in rows if is_base(r)}
     ms = sorted({m for _, m in ours})
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
@@ -49,7 +55,7 @@ def markdown_tables(rows) -> str:
         cells = []
         for m in ms:
             r = ours.get((s, m))
-            cells.append("" if r is None else f"{r['us']:.1f} us ({fp16[(s, m)] / r['us']:.2f}x)")
+            cells.append("" if r is None else f"{r['us']:.1f} us ({speedup(r, fp16):.2f}x)")
         out.append(f"| {s} {n}x{k} | " + " | ".join(cells) + " |")
     out.append("")
     out.append("Geometric mean over the eight shapes of fp16 time / time (higher is better):")
@@ -61,9 +67,9 @@ def markdown_tables(rows) -> str:
         cells = []
         for m in ms:
             if impl == "torch_int4":
-                vals = [fp16[(s, m)] / int4[(s, m)] for s in shapes if (s, m) in int4]
+                vals = [speedup(int4[(s, m)], fp16) for s in shapes if (s, m) in int4]
             else:
-                vals = [fp16[(r["shape"], m)] / r["us"] for r in rows if r["impl"] == "w4a16" and r["M"] == m and variant_name(r) == impl]
+                vals = [speedup(r, fp16) for r in rows if r["impl"] == "w4a16" and r["M"] == m and variant_name(r) == impl]
             cells.append(f"{math.exp(sum(map(math.log, vals)) / len(vals)):.2f}" if vals else "")
         out.append(f"| {impl} | " + " | ".join(cells) + " |")
     eager = {(r["shape"], r["impl"]): r["us"] for r in rows if r["impl"].endswith("_eager")}

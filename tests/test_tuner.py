@@ -7,6 +7,7 @@ offered where it does not apply would silently drop out of the table. These chec
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -95,3 +96,37 @@ def test_sass_report_records_the_launch(w4a16, m, variant):
     assert len(tensors) == len(prepared.tensor_names) and len(ints) == len(prepared.int_names)
     assert prepared.constexprs["USE_ASM"] is True  # prepared as for a GPU
     assert any(prepared is launch.kernel for launch in plan.launches.values())  # the plan's own prepared launch
+
+
+def _benchmark_module(name: str):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(f"w4a16_{name}", REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.kernels_ci
+def test_bench_results_keep_each_rows_own_fp16_time(tmp_path, monkeypatch):
+    """bench_gemm.py's merge replaces the fp16 rows of the shapes it re-runs; a row kept from an older run
+    keeps that run's fp16 time (`fp16_us`), a new row gets its own run's, and report.py's ratios use them
+    (cuBLAS moves up to ~10% between runs: a ratio must not divide times of two runs)."""
+    bench = _benchmark_module("bench_gemm")
+    report = _benchmark_module("report")
+    monkeypatch.setattr(bench.timing, "machine_info", lambda: {"gpu": "test GPU", "commit": "new"})
+    shape = {"shape": "8B.o", "N": 4096, "K": 4096, "M": 1}
+    fmt = {"dtype": "fp16", "symmetric": False, "act_order": False}
+    old = [dict(shape, impl="fp16", us=10.0, commit="old"), dict(shape, impl="w4a16", us=5.0, group_size=128, **fmt, commit="old"),
+           dict(shape, impl="w4a16", us=8.0, group_size=64, **fmt, commit="old"), dict(shape, impl="w4a16_eager", us=30.0, commit="old")]
+    new = [dict(shape, impl="fp16", us=12.0), dict(shape, impl="w4a16", us=4.0, group_size=128, **fmt)]
+    out = tmp_path / "results.json"
+    bench.write_results(out, new, old, "old")
+    rows = {(r["impl"], r.get("group_size"), r["commit"]): r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {("fp16", None, "new"), ("w4a16", 128, "new"), ("w4a16", 64, "old"), ("w4a16_eager", None, "old")}
+    assert rows[("w4a16", 128, "new")]["fp16_us"] == 12.0
+    assert rows[("w4a16", 64, "old")]["fp16_us"] == 10.0
+    assert "fp16_us" not in rows[("w4a16_eager", None, "old")] and "fp16_us" not in rows[("fp16", None, "new")]
+    latest_fp16 = {("8B.o", 1): 12.0}
+    assert report.speedup(rows[("w4a16", 64, "old")], latest_fp16) == pytest.approx(10.0 / 8.0)
+    assert report.speedup(rows[("w4a16", 128, "new")], latest_fp16) == pytest.approx(3.0)
+    assert report.speedup(dict(shape, impl="w4a16", us=6.0), latest_fp16) == pytest.approx(2.0)  # older files: the file's fp16 row
