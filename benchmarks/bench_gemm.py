@@ -158,27 +158,26 @@ def main() -> None:
     summary(rows)
 
 
+def _with_fp16_time(rows: list) -> list:
+    """`rows` (one run's) with `fp16_us`, that run's fp16 time for the row's shape and M, on every GPU-time
+    row other than fp16's own that does not carry one yet."""
+    fp16 = {(r["shape"], r["M"]): r["us"] for r in rows if r["impl"] == "fp16"}
+    for r in rows:
+        if r["impl"] != "fp16" and not r["impl"].endswith("_eager") and "fp16_us" not in r and (r["shape"], r["M"]) in fp16:
+            r["fp16_us"] = fp16[(r["shape"], r["M"])]
+    return rows
+
+
 def write_results(out: Path, rows: list, old_rows: list, old_commit: str = "unknown") -> None:
     """Merge `rows` into the results file; every row carries the commit it was measured at and every
     GPU-time row (not fp16 itself, not *_eager) `fp16_us`, the cuBLAS fp16 time of the same run: a merge
     replaces the fp16 rows, and cuBLAS moves up to ~10% between runs, so ratios must not mix runs."""
     key = lambda r: (r["shape"], r["M"], r["impl"], r.get("dtype"), r.get("group_size"), r.get("symmetric"), r.get("act_order"))  # noqa: E731
     info = timing.machine_info()
-    fp16_now = {(r["shape"], r["M"]): r["us"] for r in rows if r["impl"] == "fp16"}
-    fp16_old = {(r["shape"], r["M"]): r["us"] for r in old_rows if r["impl"] == "fp16"}
-    for r in rows:
-        r.setdefault("commit", info["commit"])
-        if r["impl"] != "fp16" and not r["impl"].endswith("_eager") and (r["shape"], r["M"]) in fp16_now:
-            r.setdefault("fp16_us", fp16_now[(r["shape"], r["M"])])
     new_keys = {key(r) for r in rows}
-    kept = []
-    for r in old_rows:
-        if key(r) in new_keys:
-            continue
-        r = dict(r, commit=r.get("commit", old_commit))
-        if r["impl"] != "fp16" and not r["impl"].endswith("_eager") and "fp16_us" not in r and (r["shape"], r["M"]) in fp16_old:
-            r["fp16_us"] = fp16_old[(r["shape"], r["M"])]
-        kept.append(r)
+    rows = _with_fp16_time([dict(r, commit=r.get("commit", info["commit"])) for r in rows])
+    kept = _with_fp16_time([dict(r, commit=r.get("commit", old_commit)) for r in old_rows])
+    kept = [r for r in kept if key(r) not in new_keys]
     result = {
         **info,
         "method": "CUDA-graph replay over rotating weight copies (>3x L2), median; *_eager = host wall time per call (best of 5 loops)",

@@ -61,15 +61,15 @@ def candidates(m: int, n: int, k: int, sm_count: int):
             tiles = -(-n // bn) * -(-m // bm)
             for split in splits(tiles):
                 for one_token in ((False, True) if (m == 1 and not operand) else (False,)):
-                    c = cfg(bn, bm, w, st, split, operand, maxnreg)
-                    yield ("splitk" if split > 1 else "tiled"), ({**c, "ONE_TOKEN": True} if one_token else c)
+                    yield ("splitk" if split > 1 else "tiled"), _with_option(cfg(bn, bm, w, st, split, operand, maxnreg), "ONE_TOKEN",
+                                                                             one_token, default=False)
         # Stream-K: a persistent grid of 1-3 programs per SM sharing the (tile, K block) work evenly
         for bn, w, st, operand in ((128, 4, 4, False), (256, 8, 3, False), (128, 4, 4, True)):
             for per_sm in (1, 2, 3):
                 for one_token in ((False, True) if (m == 1 and not operand) else (False,)):
                     c = cfg(bn, bm, w, st, 1, operand)
                     del c["SPLIT_K"]
-                    yield "streamk", {**c, "PROGRAMS": per_sm * sm_count, **({"ONE_TOKEN": True} if one_token else {})}
+                    yield "streamk", _with_option({**c, "PROGRAMS": per_sm * sm_count}, "ONE_TOKEN", one_token, default=False)
     if m >= 64:
         for bn, bm, w, st, operand in ((128, 64, 4, 3, False), (128, 128, 8, 3, False), (256, 64, 8, 3, False),
                                        (256, 128, 8, 3, False), (128, 64, 4, 4, True), (128, 128, 8, 3, True),
@@ -82,8 +82,8 @@ def candidates(m: int, n: int, k: int, sm_count: int):
                 # half unpacked right before its MMAs; it won on most M = 64..256 entries on the H200 (NOTES
                 # v10). Other values, and DOT_PARTS on fold plans, are left to --around-plan.
                 for parts in ((1, 2) if operand else (1,)):
-                    c = cfg(bn, bm, w, st, split, operand)
-                    yield ("splitk" if split > 1 else "tiled"), ({**c, "DOT_PARTS": parts} if parts > 1 else c)
+                    yield ("splitk" if split > 1 else "tiled"), _with_option(cfg(bn, bm, w, st, split, operand), "DOT_PARTS", parts,
+                                                                             default=1)
     if m >= 64:  # the dense path (dequantize + cuBLAS): the tuned table picks it at M = 512 on six shapes
         yield "dense", {}
 
@@ -99,10 +99,14 @@ def around_plan(kernel, plan, m: int):
         return
     for parts in (1, 2, 4, 8):
         if parts != config.get("DOT_PARTS", 1):
-            yield plan.path, {**{k: v for k, v in config.items() if k != "DOT_PARTS"}, **({"DOT_PARTS": parts} if parts > 1 else {})}
+            yield plan.path, _with_option(config, "DOT_PARTS", parts, default=1)
     if m == 1 and not config.get("SCALE_IN_OPERAND", False):
-        flipped = {k: v for k, v in config.items() if k != "ONE_TOKEN"}
-        yield plan.path, (flipped if config.get("ONE_TOKEN", False) else {**flipped, "ONE_TOKEN": True})
+        yield plan.path, _with_option(config, "ONE_TOKEN", not config.get("ONE_TOKEN", False), default=False)
+
+
+def _with_option(config: dict, key: str, value, default) -> dict:
+    """config with `key` set to `value`; left out when that is the kernel's default, as tuned entries write it."""
+    return {**{k: v for k, v in config.items() if k != key}, **({} if value == default else {key: value})}
 
 
 def time_candidate(kernel, weights, x, k, group_size, path, config, reference=None) -> float:
@@ -143,7 +147,8 @@ def main() -> None:
     def format_fields(k: int) -> dict:
         if args.variant == "base":
             return {}
-        fields = {"dtype": str(dtype).replace("torch.", ""), "group_size": timing.effective_group_size(group_size, k), "symmetric": symmetric}
+        key = kernel.dispatch.format_key(dtype, timing.effective_group_size(group_size, k), symmetric, act_order)
+        fields = dict(zip(("dtype", "group_size", "symmetric"), key[:3]))
         return {**fields, "act_order": True} if act_order else fields
     wanted = set(filter(None, args.shapes.split(",")))
     ms = [int(v) for v in args.m.split(",")]

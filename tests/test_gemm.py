@@ -81,17 +81,23 @@ def run_and_check(w4a16, weight, ref, x, path):
     return float((y.to(torch.float64) - expected).norm() / expected.norm())
 
 
+def assert_path_matches_reference(w4a16, weight, ref, path, dtype, device, batch_sizes, seed):
+    """For each M: fresh random x (a generator seeded with `seed`), the forced path against the float64
+    reference within the dtype's tolerance (`run_and_check`)."""
+    gen = torch.Generator().manual_seed(seed)
+    for m in batch_sizes:
+        x = torch.randn(m, weight.in_features, generator=gen).to(device=device, dtype=dtype)
+        err = run_and_check(w4a16, weight, ref, x, path)
+        assert err < TOL[dtype], f"{path} M={m}: relative error {err:.2e}"
+
+
 @pytest.mark.parametrize("path", TRITON_PATHS)
 @pytest.mark.parametrize("k,n,group_size,symmetric", CASES)
 def test_triton_paths_fp16(w4a16, device, path, k, n, group_size, symmetric):
     if not triton_available(device):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     weight, ref = random_layer(w4a16, k, n, group_size, symmetric, torch.float16, device)
-    gen = torch.Generator().manual_seed(k + n)
-    for m in BATCH_SIZES:
-        x = torch.randn(m, k, generator=gen).to(device=device, dtype=torch.float16)
-        err = run_and_check(w4a16, weight, ref, x, path)
-        assert err < TOL[torch.float16], f"{path} M={m}: relative error {err:.2e}"
+    assert_path_matches_reference(w4a16, weight, ref, path, torch.float16, device, BATCH_SIZES, seed=k + n)
 
 
 @pytest.mark.parametrize("path", ["splitk:fold-one-token", "streamk:fold-one-token", "tiled:fold-one-token"])
@@ -102,11 +108,7 @@ def test_triton_paths_one_token(w4a16, device, path, dtype, k, n, group_size, sy
     if not triton_available(device):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     weight, ref = random_layer(w4a16, k, n, group_size, symmetric, dtype, device, seed=4)
-    gen = torch.Generator().manual_seed(5)
-    for m in (1, 2):
-        x = torch.randn(m, k, generator=gen).to(device=device, dtype=dtype)
-        err = run_and_check(w4a16, weight, ref, x, path)
-        assert err < TOL[dtype], f"{path} M={m}: relative error {err:.2e}"
+    assert_path_matches_reference(w4a16, weight, ref, path, dtype, device, (1, 2), seed=5)
 
 
 @pytest.mark.parametrize("path", ["tiled:operand-parts2", "splitk:operand-parts4", "streamk:operand-parts8",
@@ -120,11 +122,7 @@ def test_triton_paths_dot_parts(w4a16, device, path, dtype, k, n, group_size, sy
     if not triton_available(device):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     weight, ref = random_layer(w4a16, k, n, group_size, symmetric, dtype, device, seed=11)
-    gen = torch.Generator().manual_seed(12)
-    for m in (1, 17):
-        x = torch.randn(m, k, generator=gen).to(device=device, dtype=dtype)
-        err = run_and_check(w4a16, weight, ref, x, path)
-        assert err < TOL[dtype], f"{path} M={m}: relative error {err:.2e}"
+    assert_path_matches_reference(w4a16, weight, ref, path, dtype, device, (1, 17), seed=12)
 
 
 @pytest.mark.parametrize("m,k", [(1, 8), (3, 1000), (2, 2056)])
@@ -148,11 +146,7 @@ def test_triton_paths_act_order(w4a16, device, path, k, n, group_size):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     weight, ref = random_layer(w4a16, k, n, group_size, False, torch.float16, device, act_order=True, seed=8)
     assert weight.act_order
-    gen = torch.Generator().manual_seed(9)
-    for m in (1, 5, 33):
-        x = torch.randn(m, k, generator=gen).to(device=device, dtype=torch.float16)
-        err = run_and_check(w4a16, weight, ref, x, path)
-        assert err < TOL[torch.float16], f"{path} M={m}: relative error {err:.2e}"
+    assert_path_matches_reference(w4a16, weight, ref, path, torch.float16, device, (1, 5, 33), seed=9)
 
 
 @pytest.mark.parametrize("path", TRITON_PATHS)
@@ -161,11 +155,7 @@ def test_triton_paths_bf16(w4a16, device, path, k, n, group_size, symmetric):
     if not triton_available(device):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     weight, ref = random_layer(w4a16, k, n, group_size, symmetric, torch.bfloat16, device, seed=1)
-    gen = torch.Generator().manual_seed(7)
-    for m in (1, 3, 16, 33):
-        x = torch.randn(m, k, generator=gen).to(device=device, dtype=torch.bfloat16)
-        err = run_and_check(w4a16, weight, ref, x, path)
-        assert err < TOL[torch.bfloat16], f"{path} M={m}: relative error {err:.2e}"
+    assert_path_matches_reference(w4a16, weight, ref, path, torch.bfloat16, device, (1, 3, 16, 33), seed=7)
 
 
 @pytest.mark.parametrize("path", TRITON_PATHS)
@@ -174,11 +164,7 @@ def test_triton_paths_act_order_fp32_scales(w4a16, device, path):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     weight, ref = random_layer(w4a16, 256, 24, 64, False, torch.float32, device, act_order=True, seed=2)
     assert weight.act_order and weight.scales.dtype == torch.float32
-    gen = torch.Generator().manual_seed(3)
-    for m in (1, 8, 17):
-        x = torch.randn(m, 256, generator=gen).to(device=device, dtype=torch.float16)
-        err = run_and_check(w4a16, weight, ref, x, path)
-        assert err < TOL[torch.float16], f"{path} M={m}: relative error {err:.2e}"
+    assert_path_matches_reference(w4a16, weight, ref, path, torch.float16, device, (1, 8, 17), seed=3)
 
 
 @pytest.mark.parametrize("path", TRITON_PATHS)
@@ -188,11 +174,7 @@ def test_triton_paths_fractional_zeros(w4a16, device, path, dtype):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     weight, ref = random_layer(w4a16, 256, 40, 64, False, dtype, device, seed=9, fractional_zeros=True)
     assert not bool((weight.zeros == weight.zeros.round()).all())
-    gen = torch.Generator().manual_seed(10)
-    for m in (1, 16, 33):
-        x = torch.randn(m, 256, generator=gen).to(device=device, dtype=dtype)
-        err = run_and_check(w4a16, weight, ref, x, path)
-        assert err < TOL[dtype], f"{path} M={m}: relative error {err:.2e}"
+    assert_path_matches_reference(w4a16, weight, ref, path, dtype, device, (1, 16, 33), seed=10)
 
 
 @pytest.mark.kernels_ci

@@ -154,8 +154,6 @@ def _forced(path: str, m: int, n: int, k: int, config: dict | None = None) -> Pl
         unknown = set(config) - set(CONFIG_KEYS)
         if unknown:
             raise ValueError(f"config keys must be among {CONFIG_KEYS}, got {sorted(unknown)}")
-        if config.get("DOT_PARTS", 1) not in (1, 2, 4, 8):
-            raise ValueError(f"config DOT_PARTS must be 1, 2, 4 or 8 (chained dots per 128-row block), got {config['DOT_PARTS']!r}")
         plan = Plan(path, {**plan.config, **config}, "forced")
     return plan
 

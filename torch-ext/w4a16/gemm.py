@@ -739,7 +739,8 @@ def _fold_subs(group_size: int, in_features: int) -> int:
 @dataclass(frozen=True)
 class _MatmulLaunch:
     """What one plan needs at launch time, made once per (plan, format): the kernel prepared with
-    its constexprs and options, and the tiling that sets the grid and the split-K scratch."""
+    its constexprs and options, the tiling that sets the grid and the split-K scratch, and the values
+    of the kernel's int arguments that do not depend on the call (after M, N, K, stride_xm, stride_ym)."""
 
     path: str
     block_n: int
@@ -747,9 +748,11 @@ class _MatmulLaunch:
     split_k: int
     programs: int  # Stream-K programs (0 for the other paths)
     kernel: PreparedLaunch
+    fixed_ints: tuple
 
 
 _TENSOR_ARGS = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr")
+_CALL_INTS = ("M", "N", "K", "stride_xm", "stride_ym")  # the int arguments every matmul kernel takes per call
 
 
 def _matmul_launch(plan: Plan, dtype: torch.dtype, device_type: str, symmetric: bool, in_features: int, group_size: int,
@@ -766,16 +769,23 @@ def _matmul_launch(plan: Plan, dtype: torch.dtype, device_type: str, symmetric: 
 def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_features, group_size, one_token) -> _MatmulLaunch:
     cfg = plan.config
     block_n, block_m, split_k = cfg["BLOCK_N"], cfg["BLOCK_M"], cfg.get("SPLIT_K", 1)
+    dot_parts = cfg.get("DOT_PARTS", 1)
+    if dot_parts not in (1, 2, 4, 8):  # any other count would leave slices of a block out of the dot
+        raise ValueError(f"config DOT_PARTS must be 1, 2, 4 or 8 (each dot in that many chained parts), got {dot_parts!r}")
     constexprs = dict(FOLD_SUBS=_fold_subs(group_size, in_features), SYMMETRIC=symmetric, BLOCK_N=block_n, BLOCK_M=block_m,
                       EVEN_K=in_features % K_BLOCK == 0)
     options = dict(num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))
     if cfg.get("maxnreg"):  # a register cap buys occupancy (more CTAs per SM) where it does not spill
         options["maxnreg"] = cfg["maxnreg"]
-    ints = ("M", "N", "K", "stride_xm", "stride_ym")
+
+    def prepared(kernel, kernel_constexprs: dict, fixed: dict, programs: int = 0) -> _MatmulLaunch:
+        # the int arguments fixed for this plan and format, named and valued in one place
+        launch = PreparedLaunch(kernel, kernel_constexprs, options, _TENSOR_ARGS, _CALL_INTS + tuple(fixed))
+        return _MatmulLaunch(plan.path, block_n, block_m, split_k if plan.path != "streamk" else 1, programs, launch,
+                             tuple(fixed.values()))
+
     if plan.path == "gemv":
-        kernel = PreparedLaunch(_w4a16_gemv_kernel, dict(constexprs, IS_SPLIT=split_k > 1), options, _TENSOR_ARGS,
-                                ints + ("group_size", "SPLIT_K"))
-        return _MatmulLaunch(plan.path, block_n, block_m, split_k, 0, kernel)
+        return prepared(_w4a16_gemv_kernel, dict(constexprs, IS_SPLIT=split_k > 1), dict(group_size=group_size, SPLIT_K=split_k))
     tensor_core = dict(
         constexprs, GROUP_SIZE=group_size, SCALE_IN_OPERAND=cfg.get("SCALE_IN_OPERAND", False),
         MAGIC_PAIR=_MAGIC_PAIR[dtype], MAGIC_VALUE=_MAGIC_VALUE[dtype], USE_ASM=_use_asm(device_type),
@@ -784,14 +794,12 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
         DOT_DTYPE=tl.float32 if (device_type == "cpu" and dtype == torch.bfloat16) else _TL_DTYPE[dtype],
         ONE_TOKEN=one_token and not cfg.get("SCALE_IN_OPERAND", False),  # only the fold sums x
         PER_CHANNEL=group_size == in_features,  # one group: the fold runs once per tile, after the loop
-        DOT_PARTS=cfg.get("DOT_PARTS", 1),
+        DOT_PARTS=dot_parts,
     )
-    ints += ("num_groups",)
+    num_groups = in_features // group_size
     if plan.path == "streamk":
-        kernel = PreparedLaunch(_w4a16_streamk_kernel, tensor_core, options, _TENSOR_ARGS, ints)
-        return _MatmulLaunch(plan.path, block_n, block_m, 1, cfg["PROGRAMS"], kernel)
-    kernel = PreparedLaunch(_w4a16_tc_kernel, dict(tensor_core, IS_SPLIT=split_k > 1), options, _TENSOR_ARGS, ints + ("SPLIT_K",))
-    return _MatmulLaunch(plan.path, block_n, block_m, split_k, 0, kernel)
+        return prepared(_w4a16_streamk_kernel, tensor_core, dict(num_groups=num_groups), programs=cfg["PROGRAMS"])
+    return prepared(_w4a16_tc_kernel, dict(tensor_core, IS_SPLIT=split_k > 1), dict(num_groups=num_groups, SPLIT_K=split_k))
 
 
 def launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out=None) -> torch.Tensor:
@@ -831,14 +839,7 @@ def _launch_arguments(x2, qweight, scales, zeros, in_features, group_size, plan:
         else:
             part = lock = y  # unused
     tensors = (x2, qweight, scales, scales if zeros is None else zeros, y, part, lock)
-    ints = (m, n, k, x2.stride(0), y.stride(0))
-    if run.path == "gemv":
-        ints += (group_size, run.split_k)
-    else:
-        ints += (k // group_size,)  # num_groups
-        if run.path != "streamk":
-            ints += (run.split_k,)
-    return run, grid, tensors, ints, y
+    return run, grid, tensors, (m, n, k, x2.stride(0), y.stride(0)) + run.fixed_ints, y
 
 
 def dequantize_native(qweight, scales, zeros, in_features: int, group_size: int, dtype: torch.dtype, block_n: int = 64) -> torch.Tensor:
