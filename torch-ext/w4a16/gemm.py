@@ -173,37 +173,36 @@ def _pack_pair(v, XT_DTYPE: tl.constexpr):
 def _dequantize_pairs(pairs, params, MAGIC_VALUE: tl.constexpr, XT_DTYPE: tl.constexpr, USE_ASM: tl.constexpr):
     """Pairs of C + q (uint32) -> pairs of (q - z) * s in XT_DTYPE, two packed instructions per pair.
 
-    Asymmetric: the weight is fma(c - R, s, residual) with R = C + z rounded to XT_DTYPE and residual =
-    -(C + z - R) * s: c - R is exact, and for an integer zero the residual is 0, so the result is (q - z) * s
-    rounded once, like a weight dequantized to fp16/bf16 for cuBLAS. Symmetric: (c - (C + 8)) * s.
-    params (`_load_operand_params`), each [BLOCK_N, 1]:
-      USE_ASM, asymmetric: (uint64 holding s, R, residual as 16-bit values,); sub + fma on f16x2 / bf16x2
-      USE_ASM, symmetric:  (uint32 holding s twice,); sub of the immediate C + 8, then mul
-      twin (interpreter, AMD): (s, R, residual) or (s,) as fp32, the same arithmetic on each half.
-    Why packed: every parameter tensor needs its own layout conversion (a shared-memory round trip with two
-    block barriers) to reach the operand's layout; one 64-bit word, opened only inside the asm, needs one.
-    The symmetric kernel with R and residual as tensors ran 10-25% slower than the asymmetric one at M = 64..128
-    (NOTES v11).
+    Asymmetric: params = (s, R, -(C + z - R) * s), each [BLOCK_N, 1], with R = C + z rounded to XT_DTYPE
+    (`_load_operand_params`). The weight is fma(c - R, s, residual): c - R is exact, and for an
+    integer zero the residual is 0, so the result is (q - z) * s rounded once, like a weight
+    dequantized to fp16/bf16 for cuBLAS. Symmetric: params = (s,) and the weight is (c - (C + 8)) * s,
+    the constant an immediate of the asm (as a tensor operand derived from s, the symmetric kernel
+    ran 10-25% slower than the asymmetric one with the same plan at M = 64..128, NOTES v11).
+    With USE_ASM the params are packed pairs (uint32) and sub + fma / mul run on f16x2 / bf16x2;
+    the twin computes the same in fp32 on the two halves.
     """
+    SYMMETRIC: tl.constexpr = len(params) == 1
     T: tl.constexpr = "f16x2" if XT_DTYPE == tl.float16 else "bf16x2"
-    TWIN_ASYMMETRIC: tl.constexpr = len(params) == 3
-    if TWIN_ASYMMETRIC:
-        scale, shifted_zero, residual = params
-        low = _dequantize_half(pairs & 0xFFFF, scale, shifted_zero, residual, XT_DTYPE)
-        high = _dequantize_half(pairs >> 16, scale, shifted_zero, residual, XT_DTYPE)
-        return low | (high << 16)
-    elif params[0].dtype == tl.uint64:
-        asm: tl.constexpr = (f"{{ .reg .b16 s, r, e, u; .reg .b32 sp, rp, ep, t; mov.b64 {{s, r, e, u}}, $2; mov.b32 sp, {{s, s}};"
-                             f" mov.b32 rp, {{r, r}}; mov.b32 ep, {{e, e}}; sub.{T} t, $1, rp; fma.rn.{T} $0, t, sp, ep; }}")
-        return tl.inline_asm_elementwise(asm, "=r,r,l", [pairs, params[0]], dtype=tl.uint32, is_pure=True, pack=1)
-    elif params[0].dtype == tl.uint32:
-        ZERO_PAIR: tl.constexpr = "0x64086408" if XT_DTYPE == tl.float16 else "0x43084308"  # C + 8 in both halves
-        asm: tl.constexpr = f"{{ .reg .b32 t, z; mov.b32 z, {ZERO_PAIR}; sub.{T} t, $1, z; mul.rn.{T} $0, t, $2; }}"
-        return tl.inline_asm_elementwise(asm, "=r,r,r", [pairs, params[0]], dtype=tl.uint32, is_pure=True, pack=1)
+    if SYMMETRIC:
+        if USE_ASM:
+            ZERO_PAIR: tl.constexpr = "0x64086408" if XT_DTYPE == tl.float16 else "0x43084308"  # C + 8 in both halves
+            asm: tl.constexpr = f"{{ .reg .b32 t, z; mov.b32 z, {ZERO_PAIR}; sub.{T} t, $1, z; mul.rn.{T} $0, t, $2; }}"
+            return tl.inline_asm_elementwise(asm, "=r,r,r", [pairs, params[0]], dtype=tl.uint32, is_pure=True, pack=1)
+        else:
+            low = _dequantize_half(pairs & 0xFFFF, params[0], MAGIC_VALUE + 8.0, 0.0, XT_DTYPE)
+            high = _dequantize_half(pairs >> 16, params[0], MAGIC_VALUE + 8.0, 0.0, XT_DTYPE)
+            return low | (high << 16)
     else:
-        low = _dequantize_half(pairs & 0xFFFF, params[0], MAGIC_VALUE + 8.0, 0.0, XT_DTYPE)
-        high = _dequantize_half(pairs >> 16, params[0], MAGIC_VALUE + 8.0, 0.0, XT_DTYPE)
-        return low | (high << 16)
+        scale, shifted_zero, residual = params
+        if USE_ASM:
+            asm: tl.constexpr = f"{{ .reg .b32 t; sub.{T} t, $1, $3; fma.rn.{T} $0, t, $2, $4; }}"
+            return tl.inline_asm_elementwise(asm, "=r,r,r,r,r", [pairs, scale, shifted_zero, residual], dtype=tl.uint32,
+                                             is_pure=True, pack=1)
+        else:
+            low = _dequantize_half(pairs & 0xFFFF, scale, shifted_zero, residual, XT_DTYPE)
+            high = _dequantize_half(pairs >> 16, scale, shifted_zero, residual, XT_DTYPE)
+            return low | (high << 16)
 
 
 @triton.jit
@@ -214,20 +213,43 @@ def _dequantize_half(bits, scale, shifted_zero, residual, XT_DTYPE: tl.constexpr
 
 
 @triton.jit
-def _operand_part(words, operand_params, FIRST: tl.constexpr, COUNT: tl.constexpr, DEQUANTIZE: tl.constexpr, MAGIC_PAIR: tl.constexpr,
+def _unpack_slices(words, operand_params, MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr,
+                   DEQUANTIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, XT_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+    """A [BLOCK_N, 16] word tile -> the 8 slices [BLOCK_N, 16] (slice j = rows 16j..16j+15), as a tuple.
+
+    For q = 0..3 one shift and one and-or (`_magic_pairs`) turn every word into two 16-bit magic
+    values C + q, the row pair (2p, 2p+1) of slice 4h + q (see layout.py); even word columns (h = 0)
+    hold slices 0..3, odd ones (h = 1) slices 4..7. With DEQUANTIZE the pairs become (q - z) * s
+    (`_dequantize_pairs`; operand_params holds one parameter triple per scale fold). Split, join and
+    reshape only relabel registers.
+    """
+    low_slices = ()
+    high_slices = ()
+    for q in tl.static_range(4):
+        pairs = _magic_pairs(words, q, MAGIC_PAIR, USE_ASM)  # [BLOCK_N, 16]: word c = 2p + h (words: uint32)
+        even, odd = tl.split(tl.reshape(pairs, (BLOCK_N, 8, 2)))
+        if DEQUANTIZE:  # slice j = 4h + q belongs to scale fold j // FOLD_SUBS
+            even = _dequantize_pairs(even, operand_params[q // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
+            odd = _dequantize_pairs(odd, operand_params[(4 + q) // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
+        low_slices = low_slices + (_pairs_to_slice(even, XT_DTYPE, BLOCK_N).to(DOT_DTYPE),)
+        high_slices = high_slices + (_pairs_to_slice(odd, XT_DTYPE, BLOCK_N).to(DOT_DTYPE),)
+    return low_slices + high_slices
+
+
+@triton.jit
+def _operand_part(words, params, FIRST: tl.constexpr, COUNT: tl.constexpr, DEQUANTIZE: tl.constexpr, MAGIC_PAIR: tl.constexpr,
                   MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, FOLD_SUBS: tl.constexpr, XT_DTYPE: tl.constexpr,
                   DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
     """Slices FIRST .. FIRST + COUNT - 1 of a [BLOCK_N, 16] word tile concatenated along K: one dot operand
-    [BLOCK_N, 16 * COUNT] of C + q, or with DEQUANTIZE of (q - z) * s (operand_params: one parameter tuple
-    per scale fold, `_load_operand_params`). Slice j = 4h + q (rows 16j..16j+15 of the block) is nibble pair q
-    of the word columns 2p + h (see layout.py): one shift and one and-or (`_magic_pairs`) per word and slice
-    give the row pair (2p, 2p+1) as two 16-bit magic values; split, join and reshape only relabel registers."""
+    [BLOCK_N, 16 * COUNT] of C + q, or with DEQUANTIZE of (q - z) * s (`_unpack_slices` makes all eight
+    slices at once). Slice j = 4h + q is nibble pair q of the word columns 2p + h."""
     halves = tl.split(tl.reshape(words, (BLOCK_N, 8, 2)))  # (even word columns: slices 0..3, odd: 4..7)
     slices = ()
     for j in tl.static_range(FIRST, FIRST + COUNT):
         pairs = _magic_pairs(halves[j // 4], j % 4, MAGIC_PAIR, USE_ASM)
         if DEQUANTIZE:
-            pairs = _dequantize_pairs(pairs, operand_params[j // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
+            pairs = _dequantize_pairs(pairs, params[j // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
         slices = slices + (_pairs_to_slice(pairs, XT_DTYPE, BLOCK_N).to(DOT_DTYPE),)
     return _concat_slices(slices, 0, COUNT)
 
@@ -319,24 +341,6 @@ def _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block, block_end, K, N, num
 
 
 @triton.jit
-def _fold_group(acc, part, s, s_zz, xsum, USE_ASM: tl.constexpr):
-    """acc + s * part - s_zz * xsum (acc, part [BLOCK_N, BLOCK_M]; s, s_zz [BLOCK_N]; xsum [1, BLOCK_M] or a
-    scalar): two FMAs per element. With USE_ASM, s and -s_zz travel packed in one 64-bit value that only
-    inline asm opens, so the compiler moves both into the accumulator's layout in one shared-memory round
-    trip (two block barriers per scale fold instead of four)."""
-    if USE_ASM:
-        packed = tl.inline_asm_elementwise("mov.b64 $0, {$1, $2};", "=l,r,r", [s, -s_zz], dtype=tl.uint64, is_pure=True, pack=1)
-        return tl.inline_asm_elementwise(
-            "{ .reg .b32 s, n, t; mov.b64 {s, n}, $3; fma.rn.f32 t, s, $2, $1; fma.rn.f32 $0, n, $4, t; }", "=r,r,r,l,r",
-            [acc, part, packed[:, None], xsum + tl.zeros_like(acc)], dtype=tl.float32, is_pure=True, pack=1)
-    else:
-        # two statements so that each becomes one FMA per element (one expression compiled to FMUL + FFMA + FADD)
-        acc += s[:, None] * part
-        acc -= s_zz[:, None] * xsum
-        return acc
-
-
-@triton.jit
 def _gather_x_block(x_ptrs, block, block_end, K, offs_w, x_mask, EVEN_K: tl.constexpr):
     """x values [1, 16, BLOCK_M] (fp32) for the 8 nibbles of each word column of `block`, as a tuple."""
     xs = ()
@@ -367,11 +371,12 @@ def _split_range(num_blocks, SPLIT_K):
 def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_mask, N, GROUP_SIZE: tl.constexpr,
                          FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, MAGIC_VALUE: tl.constexpr, XT_DTYPE: tl.constexpr,
                          USE_ASM: tl.constexpr):
-    """For each scale fold of `block`, the parameters `_dequantize_pairs` takes (one tuple per fold).
+    """For each scale fold of `block`, the triple (s, R, residual) that `_dequantize_pairs` takes, or (s,)
+    for symmetric weights (their zero is a constant of the dequantization).
 
     s is the scale rounded to XT_DTYPE, R = C + z rounded to XT_DTYPE (exact for integer zeros),
-    residual = -(C + z - R) * s (0 for integer zeros; a fractional zero's fraction otherwise); symmetric
-    weights need s alone. Each is [BLOCK_N, 1]; with USE_ASM packed into one word per column.
+    residual = -(C + z - R) * s (0 for integer zeros; a fractional zero's fraction otherwise).
+    Each is [BLOCK_N, 1]: packed pairs (uint32) with USE_ASM, fp32 values otherwise.
     """
     FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
     in_range = (offs_n * 0 + block) < block_end
@@ -379,17 +384,16 @@ def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_m
     for f in tl.static_range(8 // FOLD_SUBS):
         s, zz = _load_group_params(s_ptr, z_ptr, (block * 128 + f * FOLD_ROWS) // GROUP_SIZE, num_groups, offs_n,
                                    n_mask & in_range, N, MAGIC_VALUE, SYMMETRIC)
-        s = s.to(XT_DTYPE)
-        if SYMMETRIC:  # the zero is a constant of the dequantization
+        if SYMMETRIC:
+            s = s.to(XT_DTYPE)
             params = params + (((_pack_pair(s, XT_DTYPE)[:, None],) if USE_ASM else (s.to(tl.float32)[:, None],)),)
         else:
+            s = s.to(XT_DTYPE)
             shifted_zero = zz.to(XT_DTYPE)
             residual = (-(zz - shifted_zero.to(tl.float32)) * s.to(tl.float32)).to(XT_DTYPE)
-            if USE_ASM:  # s, R, residual (and residual again as filler) in one 64-bit word
-                bits = [s.to(tl.uint16, bitcast=True), shifted_zero.to(tl.uint16, bitcast=True), residual.to(tl.uint16, bitcast=True)]
-                packed = tl.inline_asm_elementwise("mov.b64 $0, {$1, $2, $3, $3};", "=l,h,h,h", bits, dtype=tl.uint64,
-                                                   is_pure=True, pack=1)
-                params = params + ((packed[:, None],),)
+            if USE_ASM:
+                params = params + ((_pack_pair(s, XT_DTYPE)[:, None], _pack_pair(shifted_zero, XT_DTYPE)[:, None],
+                                    _pack_pair(residual, XT_DTYPE)[:, None]),)
             else:
                 params = params + ((s.to(tl.float32)[:, None], shifted_zero.to(tl.float32)[:, None],
                                     residual.to(tl.float32)[:, None]),)
@@ -415,9 +419,10 @@ def _tile_accumulate(
     n_mask = offs_n < N
     m_mask = offs_m < M
     FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
+    X_ROWS: tl.constexpr = 128 if SCALE_IN_OPERAND else FOLD_ROWS  # x^T rows per dot (with DOT_PARTS = 1)
     # DOT_PARTS > 1: chained dots per scale fold (the whole block for scale in operand / per-channel)
     FOLD_PARTS: tl.constexpr = DOT_PARTS * FOLD_SUBS // 8 if DOT_PARTS * FOLD_SUBS >= 8 else 1
-    offs_fold = tl.arange(0, FOLD_ROWS)  # a scale fold's rows (its x sums)
+    offs_xk = tl.arange(0, X_ROWS)
 
     w_ptrs = _weight_words_ptrs(qw_ptr, offs_n, K)
     x_rows = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm  # x^T tiles are x_rows + k[:, None]
@@ -433,7 +438,7 @@ def _tile_accumulate(
                                     GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM)
     else:
         side = _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block_start, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
-                                 n_mask, m_mask, offs_fold, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN)
+                                 n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN)
     if PER_CHANNEL and not SCALE_IN_OPERAND:
         raw = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # sum over blocks of x . (C + q)
         if ONE_TOKEN:
@@ -447,29 +452,53 @@ def _tile_accumulate(
             params = side
             side = _load_operand_params(s_ptr, z_ptr, block + 1, block_end, num_groups, offs_n, n_mask, N,
                                         GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM)
-            acc = _chained_part_dots(acc, words, params, x_rows, block * 128, K, m_mask, 0, 8, DOT_PARTS, True, MAGIC_PAIR,
-                                     MAGIC_VALUE, USE_ASM, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N, EVEN_K)
+            # DOT_PARTS = 1 keeps the all-slices-first form here and below: the shipped entries were timed
+            # with its sm_90 schedule (through _chained_part_dots five of them schedule differently, NOTES v10)
+            if DOT_PARTS == 1:
+                weights = _unpack_slices(words, params, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, True, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
+                xt = _load_x_rows(x_rows, block * 128 + offs_xk, K, m_mask, EVEN_K, "", True)
+                acc = tl.dot(_concat_slices(weights, 0, 8), xt.to(DOT_DTYPE), acc, out_dtype=tl.float32)
+            else:
+                acc = _chained_part_dots(acc, words, params, x_rows, block * 128, K, m_mask, 0, 8, DOT_PARTS, True, MAGIC_PAIR,
+                                         MAGIC_VALUE, USE_ASM, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N, EVEN_K)
         elif PER_CHANNEL:
             # One group spans K: chain the raw dots (nothing between the MMAs, as with SCALE_IN_OPERAND)
             # and the x sums over the blocks; the fold runs once, after the loop.
             x_again = side[0][0]
             side = _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block + 1, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
-                                     n_mask, m_mask, offs_fold, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN)
-            raw = _chained_part_dots(raw, words, (), x_rows, block * 128, K, m_mask, 0, 8, DOT_PARTS, False, MAGIC_PAIR,
-                                     MAGIC_VALUE, USE_ASM, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N, EVEN_K)
+                                     n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN)
+            if DOT_PARTS == 1:
+                slices = _unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
+                xt = _load_x_rows(x_rows, block * 128 + offs_xk, K, m_mask, EVEN_K, "", True)
+                raw = tl.dot(_concat_slices(slices, 0, 8), xt.to(DOT_DTYPE), raw, out_dtype=tl.float32)
+            else:
+                raw = _chained_part_dots(raw, words, (), x_rows, block * 128, K, m_mask, 0, 8, DOT_PARTS, False, MAGIC_PAIR,
+                                         MAGIC_VALUE, USE_ASM, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N, EVEN_K)
             xsum_total += tl.sum(x_again.to(tl.float32), axis=0)
         else:
             x_again, scales, shifted_zeros = side
             side = _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block + 1, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
-                                     n_mask, m_mask, offs_fold, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN)
+                                     n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN)
+            if DOT_PARTS == 1:
+                slices = _unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
             for f in tl.static_range(8 // FOLD_SUBS):
-                part = _chained_part_dots(tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), words, (), x_rows,
-                                          block * 128 + f * FOLD_ROWS, K, m_mask, f * FOLD_SUBS, FOLD_SUBS, FOLD_PARTS, False,
-                                          MAGIC_PAIR, MAGIC_VALUE, USE_ASM, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N, EVEN_K)
+                k0 = block * 128 + f * FOLD_ROWS
+                if DOT_PARTS == 1:
+                    a = _concat_slices(slices, f * FOLD_SUBS, FOLD_SUBS)  # [BLOCK_N, FOLD_ROWS]
+                    xt = _load_x_rows(x_rows, k0 + offs_xk, K, m_mask, EVEN_K, "", True)
+                    part = tl.dot(a, xt.to(DOT_DTYPE), out_dtype=tl.float32)
+                else:
+                    part = _chained_part_dots(tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), words, (), x_rows, k0, K, m_mask,
+                                              f * FOLD_SUBS, FOLD_SUBS, FOLD_PARTS, False, MAGIC_PAIR, MAGIC_VALUE, USE_ASM,
+                                              FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N, EVEN_K)
                 xsum = tl.sum(x_again[f].to(tl.float32), axis=0)  # [BLOCK_M], or a scalar with ONE_TOKEN
                 if not ONE_TOKEN:
                     xsum = xsum[None, :]
-                acc = _fold_group(acc, part, scales[f], scales[f] * shifted_zeros[f], xsum, USE_ASM)
+                s = scales[f]
+                # two statements so that each becomes one FMA per element (one expression compiled to
+                # FMUL + FFMA + FADD)
+                acc += s[:, None] * part
+                acc -= (s * shifted_zeros[f])[:, None] * xsum
     if PER_CHANNEL and not SCALE_IN_OPERAND:
         s, zz = _load_group_params(s_ptr, z_ptr, 0, num_groups, offs_n, n_mask, N, MAGIC_VALUE, SYMMETRIC)
         if not ONE_TOKEN:
@@ -498,7 +527,7 @@ def _w4a16_tc_kernel(
     [BLOCK_N, BLOCK_M] (weights on the wide side of the MMA, tokens on the narrow side) and the
     128-row blocks of its split. Per block it loads the [BLOCK_N, 16] words of its rows (whole 4 KB tiles of
     qweight [ceil(N/64), ceil(K/128), 64, 16] when BLOCK_N is a multiple of 64) and unpacks them
-    (`_operand_part`: two weights per shift + and-or) into the eight 16-row slices as [BLOCK_N, 16]
+    (`_unpack_slices`: two weights per shift + and-or) into the eight 16-row slices as [BLOCK_N, 16]
     matrices of C + q, exact in DOT_DTYPE. Slices are concatenated along K (join / permute / reshape:
     register relabelling, no data movement) into one dot operand. Two ways to apply scale and zero:
 
@@ -678,13 +707,12 @@ def _dequantize_kernel(
     num_groups = K // group_size
     w_dtype = w_ptr.dtype.element_ty
     words = tl.load(_weight_words_ptrs(qw_ptr, offs_n, K) + block * _TILE_WORDS, mask=n_mask[:, None], other=0).to(tl.uint32, bitcast=True)
+    slices = _unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, w_dtype, w_dtype, BLOCK_N)
     FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
     for f in tl.static_range(8 // FOLD_SUBS):
         k0 = block * 128 + f * FOLD_ROWS
         s, zz = _load_group_params(s_ptr, z_ptr, k0 // group_size, num_groups, offs_n, n_mask, N, MAGIC_VALUE, SYMMETRIC)
-        codes = _operand_part(words, (), f * FOLD_SUBS, FOLD_SUBS, False, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, FOLD_SUBS, w_dtype,
-                              w_dtype, BLOCK_N)  # [BLOCK_N, FOLD_ROWS] of C + q
-        w = (codes.to(tl.float32) - zz[:, None]) * s[:, None]
+        w = (_concat_slices(slices, f * FOLD_SUBS, FOLD_SUBS).to(tl.float32) - zz[:, None]) * s[:, None]
         offs_k = k0 + tl.arange(0, FOLD_ROWS)
         tl.store(w_ptr + offs_n[:, None].to(tl.int64) * K + offs_k[None, :], w.to(w_dtype), mask=n_mask[:, None] & (offs_k[None, :] < K))
 
