@@ -150,7 +150,7 @@ def test_triton_paths_act_order(w4a16, device, path, k, n, group_size):
 
 
 @pytest.mark.parametrize("path", TRITON_PATHS)
-@pytest.mark.parametrize("k,n,group_size,symmetric", [CASES[0], CASES[2], CASES[4]])
+@pytest.mark.parametrize("k,n,group_size,symmetric", [CASES[0], CASES[1], CASES[2], CASES[4]])
 def test_triton_paths_bf16(w4a16, device, path, k, n, group_size, symmetric):
     if not triton_available(device):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
