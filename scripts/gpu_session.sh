@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 export PYTHONUNBUFFERED=1 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
+# The device tool returns at most 8 files from $OUT: past that, pack them all into one archive on exit.
+trap '[ "$(find "$OUT" -type f | wc -l)" -gt 8 ] && tar czf /tmp/gpu_session_out.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/gpu_session_out.tgz "$OUT/out.tgz"' EXIT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 for step in ${STEPS:-tests}; do
     echo "=== $step"
