@@ -28,14 +28,13 @@ def main() -> None:
           f"4-bit weight error vs original: {float((reference_weight - weight.double()).norm() / weight.norm()):.3%}")
     print(f"{'path':22s} {'M':>4s}  relative error vs float64 (x @ dequantized W)")
     # The tensor-core paths in both scale modes (fold: per group on the fp32 accumulator; operand:
-    # dequantized in the MMA operand); the dispatcher picks per shape from the tuned table.
-    # "fold-one-token": the M = 1 fold option the tuner may pick (ONE_TOKEN; the plain fold at other M).
-    for name in ("gemv", "splitk:fold", "splitk:fold-one-token", "splitk:operand", "streamk:fold", "tiled:fold", "tiled:operand",
-                 "dense"):
-        path, _, mode = name.partition(":")
-        config = {"SCALE_IN_OPERAND": mode == "operand"} if mode else None
-        if mode == "fold-one-token":
-            config = {"SCALE_IN_OPERAND": False, "ONE_TOKEN": True}
+    # dequantized in the MMA operand; fold-one-token: the M = 1 fold option the tuner may pick, the plain
+    # fold at other M); the dispatcher picks per shape from the tuned table.
+    fold, operand = {"SCALE_IN_OPERAND": False}, {"SCALE_IN_OPERAND": True}
+    for name, path, config in (("gemv", "gemv", None), ("splitk:fold", "splitk", fold),
+                               ("splitk:fold-one-token", "splitk", {**fold, "ONE_TOKEN": True}), ("splitk:operand", "splitk", operand),
+                               ("streamk:fold", "streamk", fold), ("tiled:fold", "tiled", fold), ("tiled:operand", "tiled", operand),
+                               ("dense", "dense", None)):
         for m in (1, 16, 33):
             x = torch.randn(m, k, dtype=torch.float16)
             y = w4a16.matmul.w4a16_matmul(x, prepared.qweight, prepared.scales, prepared.zeros, prepared.perm, k, group_size,
@@ -46,7 +45,7 @@ def main() -> None:
     g_idx = torch.randperm(k) // group_size
     ordered = w4a16.prepare_weight(packed, scales, zeros, group_size, g_idx=g_idx.to(torch.int32))
     reference_ordered = ordered.dequantize(torch.float64)
-    for name, config in (("splitk act-order", None), ("splitk act-order oper.", {"SCALE_IN_OPERAND": True})):
+    for name, config in (("splitk act-order", None), ("splitk act-order oper.", operand)):
         for m in (1, 16):
             x = torch.randn(m, k, dtype=torch.float16)
             y = w4a16.matmul.w4a16_matmul(x, ordered.qweight, ordered.scales, ordered.zeros, ordered.perm, k, group_size,

@@ -60,17 +60,24 @@ def random_layer(w4a16, k, n, group_size, symmetric, dtype, device, act_order=Fa
     return weight, ref.to(device)
 
 
+def forced_path(name: str) -> tuple:
+    """A test path name -> (kernel path, config) for `w4a16_matmul`: "splitk" (the plan's own config), or
+    "splitk:<scale mode>[-parts<P>]" with scale mode "fold" (per group on the fp32 accumulator),
+    "fold-one-token" (the fold taking x sums from x's only row, ONE_TOKEN) or "operand" (dequantized in the
+    MMA operand, SCALE_IN_OPERAND), and P the dot parts (DOT_PARTS)."""
+    kernel_path, _, mode = name.partition(":")
+    if not mode:
+        return kernel_path, None
+    scale_mode, _, parts = mode.partition("-parts")
+    config = {"SCALE_IN_OPERAND": scale_mode == "operand", "ONE_TOKEN": scale_mode == "fold-one-token"}
+    return kernel_path, {**config, "DOT_PARTS": int(parts)} if parts else config
+
+
 def run_and_check(w4a16, weight, ref, x, path):
     """Run one forced path into a NaN-poisoned output and return the relative error (all written)."""
     m = x.shape[0]
     out = torch.full((m, weight.out_features), float("nan"), dtype=x.dtype, device=x.device)
-    kernel_path, _, mode = path.partition(":")
-    config = {"SCALE_IN_OPERAND": mode.startswith("operand")} if mode else None
-    if mode == "fold-one-token":  # the fold taking x sums from x's only row (used at M = 1 when tuned so)
-        config = {"SCALE_IN_OPERAND": False, "ONE_TOKEN": True}
-    if "-parts" in mode:  # every dot split into chained parts (DOT_PARTS), e.g. "operand-parts4", "fold-parts2"
-        scale_mode, _, parts = mode.partition("-parts")
-        config = {"SCALE_IN_OPERAND": scale_mode == "operand", "DOT_PARTS": int(parts), "ONE_TOKEN": scale_mode == "fold-one-token"}
+    kernel_path, config = forced_path(path)
     y = w4a16.matmul.w4a16_matmul(
         x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features, weight.group_size,
         path=kernel_path, out=out, config=config,

@@ -184,25 +184,19 @@ def _dequantize_pairs(pairs, params, MAGIC_VALUE: tl.constexpr, XT_DTYPE: tl.con
     """
     SYMMETRIC: tl.constexpr = len(params) == 1
     T: tl.constexpr = "f16x2" if XT_DTYPE == tl.float16 else "bf16x2"
-    if SYMMETRIC:
-        if USE_ASM:
-            ZERO_PAIR: tl.constexpr = "0x64086408" if XT_DTYPE == tl.float16 else "0x43084308"  # C + 8 in both halves
-            asm: tl.constexpr = f"{{ .reg .b32 t, z; mov.b32 z, {ZERO_PAIR}; sub.{T} t, $1, z; mul.rn.{T} $0, t, $2; }}"
-            return tl.inline_asm_elementwise(asm, "=r,r,r", [pairs, params[0]], dtype=tl.uint32, is_pure=True, pack=1)
-        else:
-            low = _dequantize_half(pairs & 0xFFFF, params[0], MAGIC_VALUE + 8.0, 0.0, XT_DTYPE)
-            high = _dequantize_half(pairs >> 16, params[0], MAGIC_VALUE + 8.0, 0.0, XT_DTYPE)
-            return low | (high << 16)
+    if USE_ASM and SYMMETRIC:
+        ZERO_PAIR: tl.constexpr = "0x64086408" if XT_DTYPE == tl.float16 else "0x43084308"  # C + 8 in both halves
+        asm: tl.constexpr = f"{{ .reg .b32 t, z; mov.b32 z, {ZERO_PAIR}; sub.{T} t, $1, z; mul.rn.{T} $0, t, $2; }}"
+        return tl.inline_asm_elementwise(asm, "=r,r,r", [pairs, params[0]], dtype=tl.uint32, is_pure=True, pack=1)
+    elif USE_ASM:
+        asm: tl.constexpr = f"{{ .reg .b32 t; sub.{T} t, $1, $3; fma.rn.{T} $0, t, $2, $4; }}"
+        return tl.inline_asm_elementwise(asm, "=r,r,r,r,r", [pairs, params[0], params[1], params[2]], dtype=tl.uint32,
+                                         is_pure=True, pack=1)
     else:
-        scale, shifted_zero, residual = params
-        if USE_ASM:
-            asm: tl.constexpr = f"{{ .reg .b32 t; sub.{T} t, $1, $3; fma.rn.{T} $0, t, $2, $4; }}"
-            return tl.inline_asm_elementwise(asm, "=r,r,r,r,r", [pairs, scale, shifted_zero, residual], dtype=tl.uint32,
-                                             is_pure=True, pack=1)
-        else:
-            low = _dequantize_half(pairs & 0xFFFF, scale, shifted_zero, residual, XT_DTYPE)
-            high = _dequantize_half(pairs >> 16, scale, shifted_zero, residual, XT_DTYPE)
-            return low | (high << 16)
+        scale, shifted_zero, residual = (params[0], MAGIC_VALUE + 8.0, 0.0) if SYMMETRIC else params
+        low = _dequantize_half(pairs & 0xFFFF, scale, shifted_zero, residual, XT_DTYPE)
+        high = _dequantize_half(pairs >> 16, scale, shifted_zero, residual, XT_DTYPE)
+        return low | (high << 16)
 
 
 @triton.jit
@@ -384,11 +378,10 @@ def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_m
     for f in tl.static_range(8 // FOLD_SUBS):
         s, zz = _load_group_params(s_ptr, z_ptr, (block * 128 + f * FOLD_ROWS) // GROUP_SIZE, num_groups, offs_n,
                                    n_mask & in_range, N, MAGIC_VALUE, SYMMETRIC)
+        s = s.to(XT_DTYPE)
         if SYMMETRIC:
-            s = s.to(XT_DTYPE)
             params = params + (((_pack_pair(s, XT_DTYPE)[:, None],) if USE_ASM else (s.to(tl.float32)[:, None],)),)
         else:
-            s = s.to(XT_DTYPE)
             shifted_zero = zz.to(XT_DTYPE)
             residual = (-(zz - shifted_zero.to(tl.float32)) * s.to(tl.float32)).to(XT_DTYPE)
             if USE_ASM:
