@@ -53,7 +53,9 @@ def captured_launches(kernel, m: int, n: int, k: int, variant: str, overrides: d
         return [(plan, None, None, None)]
     qweight = torch.empty(kernel.layout.native_qweight_shape(n, k), dtype=torch.int32)
     scales = torch.empty(k // g, n, dtype=dtype)
-    zeros = None if symmetric else torch.empty(k // g, n, dtype=dtype)
+    # zeros as prepare_weight stores integer zeros (uint8); an older tree (W4A16_SOURCE) kept the scales' dtype
+    zeros_dtype = torch.uint8 if hasattr(kernel.layout, "integer_zeros_as_uint8") else dtype
+    zeros = None if symmetric else torch.empty(k // g, n, dtype=zeros_dtype)
     # the launch's arguments prepared as for a GPU (inline assembly, the GPU's dot dtype) on CPU tensors
     run, _, tensors, ints, _ = kernel.gemm._launch_arguments(torch.empty(m, k, dtype=dtype), qweight, scales, zeros, k, g, plan,
                                                              None, 0, "cuda")

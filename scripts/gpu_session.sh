@@ -33,12 +33,13 @@ for step in ${STEPS:-tests}; do
                      python3 benchmarks/profile_one.py --shape "${spec%%:*}" --m "${spec##*:}" > "$OUT/ncu_${spec%%:*}_${spec##*:}.txt" 2>&1
                  grep -E "plan:|Duration|stalled_|Throughput|Stall|Warp Cycles|Issued|Eligible|Active Warps|Registers|Achieved|Theoretical Occ|Block Limit|L2 Hit|Mem Busy|Max Bandwidth" "$OUT/ncu_${spec%%:*}_${spec##*:}.txt" | head -40
              done ;;
-        # AB_SOURCE: an older tree's package sources (git archive <sha> torch-ext/w4a16 | tar -x -C .ab/<sha>,
-        # carried as ".ab"); the bench alternates it with this tree's, old-new-old-new, on AB_SHAPES x AB_M
+        # AB_SOURCE: older trees' package sources, space-separated (git archive <sha> torch-ext/w4a16 | tar -x -C
+        # .ab/<name>, carried as ".ab"); the bench alternates them with this tree's (run 1: each in order, run 2 again)
+        # on AB_SHAPES x AB_M; rows are labelled with the tree's directory name ("new" for this tree)
         ab) for run in 1 2; do
-                for side in old new; do
-                    src=""; [ "$side" = old ] && src="$AB_SOURCE"
-                    W4A16_SOURCE="$src" W4A16_COMMIT="${side}:${src:-HEAD}" timeout 150 python3 benchmarks/bench_gemm.py \
+                for src in ${AB_SOURCE:-} ""; do
+                    side=$(basename "${src:-new}")
+                    W4A16_SOURCE="$src" W4A16_COMMIT="${side}:${src:-HEAD}" timeout "${AB_TIMEOUT:-150}" python3 benchmarks/bench_gemm.py \
                         --shapes "${AB_SHAPES:-8B.gate_up}" --m "${AB_M:-2,4,8}" --out "$OUT/ab_${side}_${run}.json" 2>&1 \
                         | grep -F "w4a16[fp16 g128]" | sed "s/^/${side}${run} /"
                 done

@@ -6,6 +6,7 @@ random codes, scales and zeros, and the reference (q - z[g]) * s[g] is computed 
 without the package's dequantize.
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -261,6 +262,24 @@ def test_prepared_weight_dequantizes_like_seed(w4a16):
     assert torch.equal(weight.dequantize(torch.float64), ref)
     identity, _ = random_layer(w4a16, 256, 24, 64, False, torch.float16, "cpu", act_order=False)
     assert identity.perm is None  # an identity g_idx costs nothing
+    # integer zeros are stored as uint8 (the kernels' integer-zero form); fractional ones keep their dtype
+    assert weight.zeros.dtype == torch.uint8
+    fractional, _ = random_layer(w4a16, 256, 24, 64, False, torch.float16, "cpu", fractional_zeros=True)
+    assert fractional.zeros.dtype == torch.float16
+
+
+@pytest.mark.parametrize("path", ["splitk:operand", "tiled:operand", "splitk:fold", "gemv", "dense"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_integer_zeros_as_float_or_uint8(w4a16, device, path, dtype):
+    """The same integer zeros as uint8 (what prepare_weight stores: the kernels' one-parameter-less
+    form) and as floats (the general form with its residual): both match the float64 reference."""
+    if not triton_available(device):
+        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
+    weight, ref = random_layer(w4a16, 256, 40, 64, False, dtype, device, seed=11)
+    assert weight.zeros.dtype == torch.uint8
+    as_float = dataclasses.replace(weight, zeros=weight.zeros.to(dtype))
+    for w in (weight, as_float):
+        assert_path_matches_reference(w4a16, w, ref, path, dtype, device, (1, 16, 33), seed=12)
 
 
 @pytest.mark.kernels_ci
@@ -312,8 +331,12 @@ def test_bad_inputs_raise_clear_errors(w4a16):
                   out_features=32, group_size=128)
     with pytest.raises(ValueError, match=r"qweight must have shape .* = \[1, 2, 64, 16\]"):
         w4a16.W4A16Weight(**dict(fields, qweight=row_major))
-    with pytest.raises(ValueError, match=r"zeros must be None or a float tensor of shape \[K/G, N\] = \(2, 32\)"):
+    with pytest.raises(ValueError, match=r"zeros must be None or a float or uint8 tensor of shape \[K/G, N\] = \(2, 32\)"):
         w4a16.W4A16Weight(**dict(fields, zeros=weight.zeros[:, :16]))
+    with pytest.raises(ValueError, match=r"zeros must be None or a float or uint8 tensor .* got torch.int32"):
+        w4a16.W4A16Weight(**dict(fields, zeros=weight.zeros.to(torch.int32)))
+    with pytest.raises(TypeError, match="zeros must be a floating-point or uint8 tensor or None, got torch.int32"):
+        w4a16.prepare_weight(packed, scales, zeros.to(torch.int32), 128)
     with pytest.raises(ValueError, match="perm must be None or an int64 tensor"):
         w4a16.W4A16Weight(**dict(fields, perm=torch.arange(256, dtype=torch.int32)))
     with pytest.raises(ValueError, match="out_features=31 must equal scales.shape"):

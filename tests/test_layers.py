@@ -104,7 +104,7 @@ def test_from_linear_fp32_linear_and_no_bias(w4a16, device):
     _assert_close_to_reference(layer(x), _reference(layer, x), torch.float16)
 
     bf = w4a16.layers.W4A16Linear.from_linear(lin, group_size=G, dtype=torch.bfloat16)
-    assert bf.scales.dtype == torch.bfloat16 and bf.zeros.dtype == torch.bfloat16
+    assert bf.scales.dtype == torch.bfloat16 and bf.zeros.dtype == torch.uint8  # integer zeros: uint8
 
 
 @pytest.mark.kernels_ci
@@ -200,6 +200,23 @@ def test_state_dict_round_trip(w4a16, device, tmp_path, symmetric, act_order, bi
     b.load_state_dict(load_file(str(path), device=str(device)))
     assert torch.equal(b(x), y)
     assert repr(b) == repr(layer)
+
+
+@pytest.mark.kernels_ci
+def test_state_dict_zeros_load_in_their_dtype(w4a16, device):
+    """A fresh layer's zeros are uint8; zeros saved as floats (fractional ones, or integer ones from an
+    older version) load as floats instead of being truncated into that buffer."""
+    W4A16Linear = w4a16.layers.W4A16Linear
+    layer = _make(w4a16, device, False, False, True)
+    assert layer.zeros.dtype == torch.uint8
+    sd = layer.state_dict()
+    sd["zeros"] = sd["zeros"].to(torch.float16) + 0.25  # fractional
+    fresh = W4A16Linear(K, N, bias=True, group_size=G, dtype=torch.float16, device=device)
+    assert fresh.zeros.dtype == torch.uint8
+    fresh.load_state_dict(sd)
+    assert fresh.zeros.dtype == torch.float16 and torch.equal(fresh.zeros, sd["zeros"])
+    x = torch.randn((3, K), device=device, dtype=torch.float16)
+    _assert_close_to_reference(fresh(x), _reference(fresh, x), torch.float16)
 
 
 @pytest.mark.kernels_ci

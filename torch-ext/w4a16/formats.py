@@ -3,7 +3,7 @@
 Each importer reads a checkpoint's tensors, converts them into the seed layout (see `quantize`):
 
     packed int32 [K/8, N] (codes along K, low bits first), scales [K/G, N],
-    zeros [K/G, N] as floats (or None: symmetric, zero 8), optional g_idx [K],
+    zeros [K/G, N] as uint8 codes (or None: symmetric, zero 8), optional g_idx [K],
 
 and returns `prepare_weight(...)`. K = in_features, N = out_features, G = group size along K
 (`group_size=-1`: one group spanning all of K). The weight is always w = (q - z) * s per group, q and
@@ -105,10 +105,10 @@ def import_gptq(
         if zero_convention == "v1":
             # Classic GPTQ packs z - 1 and its kernels add 1 to the unpacked nibble with no wrap, so
             # the effective zero lies in 1..16 and a stored 15 means z = 16 (not z = 0). We do the same
-            # (our zeros are floats, 16 is representable), reproducing the outputs such checkpoints
+            # (our uint8 zeros hold 16), reproducing the outputs such checkpoints
             # were evaluated with. A z = 0 cannot be expressed in v1; that is what v2 fixed.
             z = z + 1
-        zeros = z.to(scales.dtype)
+        zeros = z.to(torch.uint8)
     return prepare_weight(qweight, scales, zeros, group_size=g, g_idx=g_idx)
 
 
@@ -134,7 +134,7 @@ def import_awq(
     _check(scales, "scales", (k // g, n), "[K/G, N]", _FLOAT_DTYPES)
     _check(qzeros, "qzeros", (k // g, n8), "[K/G, N/8]", (torch.int32,))
     codes = _unpack_along_last(qweight, n, _AWQ_ORDER)  # [K, N]
-    zeros = _unpack_along_last(qzeros, n, _AWQ_ORDER).to(scales.dtype)
+    zeros = _unpack_along_last(qzeros, n, _AWQ_ORDER).to(torch.uint8)
     return prepare_weight(pack_int4_k_major(codes), scales, zeros, group_size=g)
 
 
@@ -181,7 +181,7 @@ def import_compressed_tensors(
     zeros = None
     if weight_zero_point is not None:
         _check(weight_zero_point, "weight_zero_point", (-(-n // 8), k // g), "[ceil(N/8), K/G]", (torch.int32,))
-        zeros = _unpack_along_last(weight_zero_point.t(), n).to(weight_scale.dtype)  # [K/G, N]
+        zeros = _unpack_along_last(weight_zero_point.t(), n).to(torch.uint8)  # [K/G, N]
     codes = _unpack_along_last(weight_packed, k).t()  # [K, N]
     scales = weight_scale.t().contiguous()
     return prepare_weight(pack_int4_k_major(codes), scales, zeros, group_size=g)

@@ -6,7 +6,7 @@ All kernels read the kernel-native weight layout of `layout.py`:
                              nibble r = q + 4t the code of row k = b*128 + 16*(4h + q) + 2p + t of
                              output row n (padding rows and columns hold code 0): see layout.py.
     scales  [K/G, N]         fp16 / bf16 / fp32, contiguous.
-    zeros   [K/G, N]         same dtype rules, or absent (SYMMETRIC: zero 8).
+    zeros   [K/G, N]         same dtype rules, or uint8 (integer zero points), or absent (SYMMETRIC: zero 8).
     x       [M, K]           fp16 or bf16, unit stride along K; y [M, N] in x's dtype, unit stride along N.
 
 Codes become floats by the "magic number" unpack: the nibble OR-ed into the mantissa of a float whose
@@ -75,6 +75,10 @@ def _load_group_params(s_ptr, z_ptr, g, num_groups, offs_n, n_mask, N, MAGIC_VAL
     s = tl.load(s_ptr + g * N + offs_n, mask=valid, other=0.0).to(tl.float32)
     if SYMMETRIC:
         zz = tl.zeros_like(s) + (8.0 + MAGIC_VALUE)
+    elif z_ptr.dtype.element_ty == tl.uint8:
+        # integer zeros: 2**23 + z by the magic number (an OR, no int-to-float convert), minus 2**23 - C
+        z = tl.load(z_ptr + g * N + offs_n, mask=valid, other=0).to(tl.uint32)
+        zz = (z | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 - MAGIC_VALUE)
     else:
         zz = tl.load(z_ptr + g * N + offs_n, mask=valid, other=0.0).to(tl.float32) + MAGIC_VALUE
     return s, zz
@@ -173,27 +177,38 @@ def _pack_pair(v, XT_DTYPE: tl.constexpr):
 def _dequantize_pairs(pairs, params, MAGIC_VALUE: tl.constexpr, XT_DTYPE: tl.constexpr, USE_ASM: tl.constexpr):
     """Pairs of C + q (uint32) -> pairs of (q - z) * s in XT_DTYPE, two packed instructions per pair.
 
-    Asymmetric: params = (s, R, -(C + z - R) * s), each [BLOCK_N, 1], with R = C + z rounded to XT_DTYPE
-    (`_load_operand_params`). The weight is fma(c - R, s, residual): c - R is exact, and for an
-    integer zero the residual is 0, so the result is (q - z) * s rounded once, like a weight
-    dequantized to fp16/bf16 for cuBLAS. Symmetric: params = (s,) and the weight is (c - (C + 8)) * s,
+    Float zeros: params = (s, R, -(C + z - R) * s), each [BLOCK_N, 1], with R = C + z rounded to XT_DTYPE
+    (`_load_operand_params`). The weight is fma(c - R, s, residual): c - R is exact and the residual
+    carries a fractional zero's fraction, so the result is (q - z) * s rounded once, like a weight
+    dequantized to fp16/bf16 for cuBLAS. Integer (uint8) zeros: params = (s, R), R exact, and the
+    weight is (c - R) * s (sub + mul: one parameter less to bring into the operand's register layout,
+    3-9% faster at M = 64, NOTES v12). Symmetric: params = (s,) and the weight is (c - (C + 8)) * s,
     the constant an immediate of the asm (as a tensor operand derived from s, the symmetric kernel
     ran 10-25% slower than the asymmetric one with the same plan at M = 64..128, NOTES v11).
     With USE_ASM the params are packed pairs (uint32) and sub + fma / mul run on f16x2 / bf16x2;
     the twin computes the same in fp32 on the two halves.
     """
     SYMMETRIC: tl.constexpr = len(params) == 1
+    INTEGER_ZERO: tl.constexpr = len(params) == 2
     T: tl.constexpr = "f16x2" if XT_DTYPE == tl.float16 else "bf16x2"
     if USE_ASM and SYMMETRIC:
         ZERO_PAIR: tl.constexpr = "0x64086408" if XT_DTYPE == tl.float16 else "0x43084308"  # C + 8 in both halves
         asm: tl.constexpr = f"{{ .reg .b32 t, z; mov.b32 z, {ZERO_PAIR}; sub.{T} t, $1, z; mul.rn.{T} $0, t, $2; }}"
         return tl.inline_asm_elementwise(asm, "=r,r,r", [pairs, params[0]], dtype=tl.uint32, is_pure=True, pack=1)
+    elif USE_ASM and INTEGER_ZERO:
+        asm: tl.constexpr = f"{{ .reg .b32 t; sub.{T} t, $1, $3; mul.rn.{T} $0, t, $2; }}"
+        return tl.inline_asm_elementwise(asm, "=r,r,r,r", [pairs, params[0], params[1]], dtype=tl.uint32, is_pure=True, pack=1)
     elif USE_ASM:
         asm: tl.constexpr = f"{{ .reg .b32 t; sub.{T} t, $1, $3; fma.rn.{T} $0, t, $2, $4; }}"
         return tl.inline_asm_elementwise(asm, "=r,r,r,r,r", [pairs, params[0], params[1], params[2]], dtype=tl.uint32,
                                          is_pure=True, pack=1)
     else:
-        scale, shifted_zero, residual = (params[0], MAGIC_VALUE + 8.0, 0.0) if SYMMETRIC else params
+        if SYMMETRIC:
+            scale, shifted_zero, residual = params[0], MAGIC_VALUE + 8.0, 0.0
+        elif INTEGER_ZERO:
+            scale, shifted_zero, residual = params[0], params[1], 0.0
+        else:
+            scale, shifted_zero, residual = params
         low = _dequantize_half(pairs & 0xFFFF, scale, shifted_zero, residual, XT_DTYPE)
         high = _dequantize_half(pairs >> 16, scale, shifted_zero, residual, XT_DTYPE)
         return low | (high << 16)
@@ -364,12 +379,13 @@ def _split_range(num_blocks, SPLIT_K):
 @triton.jit
 def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_mask, N, GROUP_SIZE: tl.constexpr,
                          FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, MAGIC_VALUE: tl.constexpr, XT_DTYPE: tl.constexpr,
-                         USE_ASM: tl.constexpr):
-    """For each scale fold of `block`, the triple (s, R, residual) that `_dequantize_pairs` takes, or (s,)
-    for symmetric weights (their zero is a constant of the dequantization).
+                         USE_ASM: tl.constexpr, INTEGER_ZEROS: tl.constexpr):
+    """For each scale fold of `block`, the parameters `_dequantize_pairs` takes: (s, R, residual) for float
+    zeros, (s, R) for integer (uint8) zeros, (s,) for symmetric weights (their zero is a constant of
+    the dequantization).
 
     s is the scale rounded to XT_DTYPE, R = C + z rounded to XT_DTYPE (exact for integer zeros),
-    residual = -(C + z - R) * s (0 for integer zeros; a fractional zero's fraction otherwise).
+    residual = -(C + z - R) * s (a fractional zero's fraction; 0 for integer-valued float zeros).
     Each is [BLOCK_N, 1]: packed pairs (uint32) with USE_ASM, fp32 values otherwise.
     """
     FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
@@ -381,6 +397,12 @@ def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_m
         s = s.to(XT_DTYPE)
         if SYMMETRIC:
             params = params + (((_pack_pair(s, XT_DTYPE)[:, None],) if USE_ASM else (s.to(tl.float32)[:, None],)),)
+        elif INTEGER_ZEROS:
+            shifted_zero = zz.to(XT_DTYPE)
+            if USE_ASM:
+                params = params + ((_pack_pair(s, XT_DTYPE)[:, None], _pack_pair(shifted_zero, XT_DTYPE)[:, None]),)
+            else:
+                params = params + ((s.to(tl.float32)[:, None], shifted_zero.to(tl.float32)[:, None]),)
         else:
             shifted_zero = zz.to(XT_DTYPE)
             residual = (-(zz - shifted_zero.to(tl.float32)) * s.to(tl.float32)).to(XT_DTYPE)
@@ -421,6 +443,7 @@ def _tile_accumulate(
     x_rows = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm  # x^T tiles are x_rows + k[:, None]
     x_first = x_ptr + (tile_m * BLOCK_M).to(tl.int64) * stride_xm  # the tile's first row of x
     xt_dtype = x_ptr.dtype.element_ty
+    INTEGER_ZEROS: tl.constexpr = z_ptr.dtype.element_ty == tl.uint8  # uint8 zeros are integers (layout.py)
 
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     # Side inputs (scales, zeros and, for the fold, x^T again for its column sums) are plain loads,
@@ -428,7 +451,7 @@ def _tile_accumulate(
     # a block of unpacking and MMA instead of stalling every iteration.
     if SCALE_IN_OPERAND:
         side = _load_operand_params(s_ptr, z_ptr, block_start, block_end, num_groups, offs_n, n_mask, N,
-                                    GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM)
+                                    GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM, INTEGER_ZEROS)
     else:
         side = _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block_start, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
                                  n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN)
@@ -444,7 +467,7 @@ def _tile_accumulate(
         if SCALE_IN_OPERAND:
             params = side
             side = _load_operand_params(s_ptr, z_ptr, block + 1, block_end, num_groups, offs_n, n_mask, N,
-                                        GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM)
+                                        GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM, INTEGER_ZEROS)
             # DOT_PARTS = 1 keeps the all-slices-first form here and below: the shipped entries were timed
             # with its sm_90 schedule (through _chained_part_dots five of them schedule differently, NOTES v10)
             if DOT_PARTS == 1:
@@ -524,10 +547,11 @@ def _w4a16_tc_kernel(
     matrices of C + q, exact in DOT_DTYPE. Slices are concatenated along K (join / permute / reshape:
     register relabelling, no data movement) into one dot operand. Two ways to apply scale and zero:
 
-    - SCALE_IN_OPERAND: each slice becomes (c - C) * s - z*s in x's dtype (two packed
-      instructions per pair of weights), the whole 128-row block is one dot (or DOT_PARTS chained
+    - SCALE_IN_OPERAND: each slice becomes (q - z) * s in x's dtype (two packed instructions per
+      pair of weights, `_dequantize_pairs`), the whole 128-row block is one dot (or DOT_PARTS chained
       dots, each part's operand unpacked right before it), and the accumulator chains from block
-      to block with nothing between the MMAs (so they can run asynchronously).
+      to block with nothing between the MMAs (so they can run asynchronously). Integer (uint8)
+      zeros take one parameter less than float zeros (see `_dequantize_pairs`).
     - otherwise: one dot per scale group on the raw C + q, then the fold
       acc += s * dot - s * (z + C) * sum_k x (exact in fp32 for any zero) after every group.
 

@@ -5,7 +5,8 @@ kernel-native layout (see layout.py) as buffers:
 
     qweight  int32 [ceil(N/64), ceil(K/128), 64, 16]   kernel-native (64-row tiles, K-striped)
     scales   [K/G, N]                    the layer's dtype (fp16 / bf16)
-    zeros    [K/G, N] or None            None: symmetric (zero 8); the key is absent from state_dict
+    zeros    [K/G, N] or None            uint8 (integer zero points; float if fractional, loaded in the
+                                         checkpoint's dtype); None: symmetric (zero 8), key absent
     perm     int64 [K] or None           act-order row permutation; absent from state_dict without
     bias     [N] or None
     in_features, out_features, group_size (ints; group_size is the effective G, K for per-channel)
@@ -144,7 +145,7 @@ class W4A16Linear(nn.Module):
         self.register_buffer("qweight", torch.zeros(native_qweight_shape(n, k), dtype=torch.int32, device=device))
         self.register_buffer("scales", torch.zeros((k // g, n), dtype=dtype, device=device))
         self.register_buffer(
-            "zeros", None if symmetric else torch.full((k // g, n), SYMMETRIC_ZERO, dtype=dtype, device=device)
+            "zeros", None if symmetric else torch.full((k // g, n), SYMMETRIC_ZERO, dtype=torch.uint8, device=device)
         )
         self.register_buffer("perm", torch.arange(k, dtype=torch.int64, device=device) if act_order else None)
         self.register_buffer("bias", torch.zeros(n, dtype=dtype, device=device) if bias else None)
@@ -220,8 +221,16 @@ class W4A16Linear(nn.Module):
             packed, scales, zeros = quantize_weight_int4_grouped(w.t(), group_size, symmetric)
             weight = prepare_weight(packed, scales.to(dtype), None if symmetric else zeros.to(dtype), group_size)
         if not symmetric and weight.zeros is None:
-            weight = _dc_replace(weight, zeros=torch.full_like(weight.scales, SYMMETRIC_ZERO))
+            weight = _dc_replace(weight, zeros=torch.full_like(weight.scales, SYMMETRIC_ZERO, dtype=torch.uint8))
         return cls.from_weight(weight, linear.bias, dtype=dtype)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # Zeros load in the checkpoint's dtype: copied into the uint8 buffer, fractional (float) zeros
+        # would be truncated; integer zeros saved as floats by an older version stay correct as floats.
+        zeros = state_dict.get(prefix + "zeros")
+        if isinstance(zeros, torch.Tensor) and self.zeros is not None and zeros.dtype != self.zeros.dtype:
+            self.zeros = torch.empty_like(self.zeros, dtype=zeros.dtype)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # ------------------------------------------------------------------------------------------
     # Forward and views
