@@ -227,9 +227,10 @@ class W4A16Linear(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # Zeros load in the checkpoint's dtype: copied into the uint8 buffer, fractional (float) zeros
         # would be truncated; integer zeros saved as floats by an older version stay correct as floats.
+        # (The buffer is converted, not emptied, so a load that fails on a shape keeps the old values.)
         zeros = state_dict.get(prefix + "zeros")
         if isinstance(zeros, torch.Tensor) and self.zeros is not None and zeros.dtype != self.zeros.dtype:
-            self.zeros = torch.empty_like(self.zeros, dtype=zeros.dtype)
+            self.zeros = self.zeros.to(zeros.dtype)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # ------------------------------------------------------------------------------------------
