@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import hashlib
 import os
 import re
 import subprocess
@@ -53,9 +54,7 @@ def captured_launches(kernel, m: int, n: int, k: int, variant: str, overrides: d
         return [(plan, None, None, None)]
     qweight = torch.empty(kernel.layout.native_qweight_shape(n, k), dtype=torch.int32)
     scales = torch.empty(k // g, n, dtype=dtype)
-    # zeros as prepare_weight stores integer zeros (uint8); an older tree (W4A16_SOURCE) kept the scales' dtype
-    zeros_dtype = torch.uint8 if hasattr(kernel.layout, "integer_zeros_as_uint8") else dtype
-    zeros = None if symmetric else torch.empty(k // g, n, dtype=zeros_dtype)
+    zeros = None if symmetric else timing.stored_zeros(kernel, torch.zeros(k // g, n, dtype=dtype))  # integer zeros
     # the launch's arguments prepared as for a GPU (inline assembly, the GPU's dot dtype) on CPU tensors
     run, _, tensors, ints, _ = kernel.gemm._launch_arguments(torch.empty(m, k, dtype=dtype), qweight, scales, zeros, k, g, plan,
                                                              None, 0, "cuda")
@@ -110,7 +109,7 @@ def hot_loop_summary(cubin: bytes) -> dict:
     regs = re.search(r"REG:(\d+)", usage)
     stack = re.search(r"STACK:(\d+)", usage)
     summary = {"regs": int(regs.group(1)) if regs else None, "stack": int(stack.group(1)) if stack else None,
-               "instructions": len(instructions)}
+               "instructions": len(instructions), "digest": hashlib.sha1("\n".join(instructions).encode()).hexdigest()[:8]}
     if loops:
         length, start, end = max(loops)
         ops = [text.split()[0] for text in instructions[start:end + 1]]
@@ -144,19 +143,20 @@ def main() -> None:
     kernel = timing.load_kernel()
     wanted = set(filter(None, args.shapes.split(",")))
     print(f"Triton {triton.__version__}, sm_90; loop = the largest loop's instructions, 1st mma = its position in the loop,")
-    print("overlap = loop instructions issued while a wgmma is in flight (before the wait on it)")
-    print(f"{'shape':12s} {'M':>5s}  {'regs':>4s} {'stack':>5s} {'loop':>5s} {'bars':>4s} {'mmas':>4s} {'1st mma':>7s} {'overlap':>7s} {'spill':>5s}  plan")
+    print("overlap = loop instructions issued while a wgmma is in flight (before the wait on it), sass = digest of the whole")
+    print("kernel's instruction text (equal digests: identical machine code, e.g. after a refactor)")
+    print(f"{'shape':12s} {'M':>5s}  {'regs':>4s} {'stack':>5s} {'loop':>5s} {'bars':>4s} {'mmas':>4s} {'1st mma':>7s} {'overlap':>7s} {'spill':>5s} {'sass':>8s}  plan")
     for shape in timing.load_shapes()["shapes"]:
         if wanted and shape["name"] not in wanted:
             continue
         for m in (int(v) for v in args.m.split(",")):
             for plan, prepared, tensors, ints in captured_launches(kernel, m, shape["N"], shape["K"], args.variant, overrides):
                 if prepared is None:
-                    print(f"{shape['name']:12s} {m:5d}  {'-':>4s} {'-':>5s} {'-':>5s} {'-':>4s} {'-':>4s} {'-':>7s} {'-':>7s} {'-':>5s}  {plan.path}")
+                    print(f"{shape['name']:12s} {m:5d}  {'-':>4s} {'-':>5s} {'-':>5s} {'-':>4s} {'-':>4s} {'-':>7s} {'-':>7s} {'-':>5s} {'-':>8s}  {plan.path}")
                     continue
                 s = hot_loop_summary(compile_for_sm90(prepared, tensors, ints).asm["cubin"])
-                cells = [s.get(key) for key in ("regs", "stack", "loop", "barriers", "mmas", "first_mma", "overlap", "spill_ops")]
-                print(f"{shape['name']:12s} {m:5d}  " + " ".join(f"{'-' if c is None else c:>{w}}" for c, w in zip(cells, (4, 5, 5, 4, 4, 7, 7, 5)))
+                cells = [s.get(key) for key in ("regs", "stack", "loop", "barriers", "mmas", "first_mma", "overlap", "spill_ops", "digest")]
+                print(f"{shape['name']:12s} {m:5d}  " + " ".join(f"{'-' if c is None else c:>{w}}" for c, w in zip(cells, (4, 5, 5, 4, 4, 7, 7, 5, 8)))
                       + f"  {plan.path} " + " ".join(f"{k}={v}" for k, v in sorted(plan.config.items())), flush=True)
 
 

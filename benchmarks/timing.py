@@ -132,21 +132,25 @@ def format_label(row: dict) -> str:
 def random_w4_weights(kernel, n: int, k: int, group_size: int, copies: int, symmetric: bool = False,
                       act_order: bool = False, scale_dtype=torch.float16) -> list:
     """`copies` kernel-native W4A16Weight objects with random codes (any int32 pattern is valid) and
-    random integer zeros in the form `prepare_weight` stores them (uint8; an older tree under
-    W4A16_SOURCE without that form gets them in the scales' dtype, as it stored them)."""
+    random integer zeros as the tree's `prepare_weight` stores them (`stored_zeros`)."""
     shape = kernel.layout.native_qweight_shape(n, k)
     group_size = effective_group_size(group_size, k)
-    as_stored = getattr(kernel.layout, "integer_zeros_as_uint8", lambda z: z)
     return [
         kernel.W4A16Weight(
             qweight=torch.randint(-2**31, 2**31 - 1, shape, dtype=torch.int32, device="cuda"),
             scales=(torch.rand(k // group_size, n, device="cuda") * 0.02 + 0.001).to(scale_dtype),
-            zeros=None if symmetric else as_stored(torch.randint(0, 16, (k // group_size, n), device="cuda").to(scale_dtype)),
+            zeros=None if symmetric else stored_zeros(kernel, torch.randint(0, 16, (k // group_size, n), device="cuda").to(scale_dtype)),
             perm=torch.randperm(k, device="cuda") if act_order else None,
             in_features=k, out_features=n, group_size=group_size,
         )
         for _ in range(copies)
     ]
+
+
+def stored_zeros(kernel, zeros: torch.Tensor) -> torch.Tensor:
+    """Integer-valued float zeros in the form the tree's `prepare_weight` stores them: uint8 (layout.py),
+    or unchanged for an older tree under W4A16_SOURCE, which kept them in the scales' dtype."""
+    return getattr(kernel.layout, "integer_zeros_as_uint8", lambda z: z)(zeros)
 
 
 def w4_bytes(n: int, k: int, m: int, group_size: int, symmetric: bool = False) -> int:

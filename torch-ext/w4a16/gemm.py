@@ -75,13 +75,18 @@ def _load_group_params(s_ptr, z_ptr, g, num_groups, offs_n, n_mask, N, MAGIC_VAL
     s = tl.load(s_ptr + g * N + offs_n, mask=valid, other=0.0).to(tl.float32)
     if SYMMETRIC:
         zz = tl.zeros_like(s) + (8.0 + MAGIC_VALUE)
-    elif z_ptr.dtype.element_ty == tl.uint8:
-        # integer zeros: 2**23 + z by the magic number (an OR, no int-to-float convert), minus 2**23 - C
-        z = tl.load(z_ptr + g * N + offs_n, mask=valid, other=0).to(tl.uint32)
-        zz = (z | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 - MAGIC_VALUE)
+    elif z_ptr.dtype.element_ty == tl.uint8:  # integer zeros (layout.py)
+        zz = _uint_as_float(tl.load(z_ptr + g * N + offs_n, mask=valid, other=0).to(tl.uint32), MAGIC_VALUE)
     else:
         zz = tl.load(z_ptr + g * N + offs_n, mask=valid, other=0.0).to(tl.float32) + MAGIC_VALUE
     return s, zz
+
+
+@triton.jit
+def _uint_as_float(v, OFFSET: tl.constexpr):
+    """uint32 v < 2**23 -> fp32 v + OFFSET, exact, without an int-to-float convert: v OR-ed into the
+    mantissa of 2**23 is the float 2**23 + v (the magic number), then one subtract."""
+    return (v | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 - OFFSET)
 
 
 @triton.jit
@@ -203,14 +208,10 @@ def _dequantize_pairs(pairs, params, MAGIC_VALUE: tl.constexpr, XT_DTYPE: tl.con
         return tl.inline_asm_elementwise(asm, "=r,r,r,r,r", [pairs, params[0], params[1], params[2]], dtype=tl.uint32,
                                          is_pure=True, pack=1)
     else:
-        if SYMMETRIC:
-            scale, shifted_zero, residual = params[0], MAGIC_VALUE + 8.0, 0.0
-        elif INTEGER_ZERO:
-            scale, shifted_zero, residual = params[0], params[1], 0.0
-        else:
-            scale, shifted_zero, residual = params
-        low = _dequantize_half(pairs & 0xFFFF, scale, shifted_zero, residual, XT_DTYPE)
-        high = _dequantize_half(pairs >> 16, scale, shifted_zero, residual, XT_DTYPE)
+        shifted_zero = MAGIC_VALUE + 8.0 if SYMMETRIC else params[1]
+        residual = params[2] if len(params) == 3 else 0.0
+        low = _dequantize_half(pairs & 0xFFFF, params[0], shifted_zero, residual, XT_DTYPE)
+        high = _dequantize_half(pairs >> 16, params[0], shifted_zero, residual, XT_DTYPE)
         return low | (high << 16)
 
 
@@ -379,7 +380,7 @@ def _split_range(num_blocks, SPLIT_K):
 @triton.jit
 def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_mask, N, GROUP_SIZE: tl.constexpr,
                          FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, MAGIC_VALUE: tl.constexpr, XT_DTYPE: tl.constexpr,
-                         USE_ASM: tl.constexpr, INTEGER_ZEROS: tl.constexpr):
+                         USE_ASM: tl.constexpr):
     """For each scale fold of `block`, the parameters `_dequantize_pairs` takes: (s, R, residual) for float
     zeros, (s, R) for integer (uint8) zeros, (s,) for symmetric weights (their zero is a constant of
     the dequantization).
@@ -389,29 +390,23 @@ def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_m
     Each is [BLOCK_N, 1]: packed pairs (uint32) with USE_ASM, fp32 values otherwise.
     """
     FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
+    INTEGER_ZEROS: tl.constexpr = z_ptr.dtype.element_ty == tl.uint8  # uint8 zeros are integers (layout.py)
     in_range = (offs_n * 0 + block) < block_end
     params = ()
     for f in tl.static_range(8 // FOLD_SUBS):
         s, zz = _load_group_params(s_ptr, z_ptr, (block * 128 + f * FOLD_ROWS) // GROUP_SIZE, num_groups, offs_n,
                                    n_mask & in_range, N, MAGIC_VALUE, SYMMETRIC)
         s = s.to(XT_DTYPE)
-        if SYMMETRIC:
-            params = params + (((_pack_pair(s, XT_DTYPE)[:, None],) if USE_ASM else (s.to(tl.float32)[:, None],)),)
-        elif INTEGER_ZEROS:
+        values = (s,)
+        if not SYMMETRIC:
             shifted_zero = zz.to(XT_DTYPE)
-            if USE_ASM:
-                params = params + ((_pack_pair(s, XT_DTYPE)[:, None], _pack_pair(shifted_zero, XT_DTYPE)[:, None]),)
-            else:
-                params = params + ((s.to(tl.float32)[:, None], shifted_zero.to(tl.float32)[:, None]),)
-        else:
-            shifted_zero = zz.to(XT_DTYPE)
-            residual = (-(zz - shifted_zero.to(tl.float32)) * s.to(tl.float32)).to(XT_DTYPE)
-            if USE_ASM:
-                params = params + ((_pack_pair(s, XT_DTYPE)[:, None], _pack_pair(shifted_zero, XT_DTYPE)[:, None],
-                                    _pack_pair(residual, XT_DTYPE)[:, None]),)
-            else:
-                params = params + ((s.to(tl.float32)[:, None], shifted_zero.to(tl.float32)[:, None],
-                                    residual.to(tl.float32)[:, None]),)
+            values = values + (shifted_zero,)
+            if not INTEGER_ZEROS:
+                values = values + ((-(zz - shifted_zero.to(tl.float32)) * s.to(tl.float32)).to(XT_DTYPE),)  # residual
+        fold_params = ()
+        for i in tl.static_range(len(values)):  # packed pairs for the asm, fp32 for the twin; [BLOCK_N, 1]
+            fold_params = fold_params + ((_pack_pair(values[i], XT_DTYPE) if USE_ASM else values[i].to(tl.float32))[:, None],)
+        params = params + (fold_params,)
     return params
 
 
@@ -443,7 +438,6 @@ def _tile_accumulate(
     x_rows = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm  # x^T tiles are x_rows + k[:, None]
     x_first = x_ptr + (tile_m * BLOCK_M).to(tl.int64) * stride_xm  # the tile's first row of x
     xt_dtype = x_ptr.dtype.element_ty
-    INTEGER_ZEROS: tl.constexpr = z_ptr.dtype.element_ty == tl.uint8  # uint8 zeros are integers (layout.py)
 
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     # Side inputs (scales, zeros and, for the fold, x^T again for its column sums) are plain loads,
@@ -451,7 +445,7 @@ def _tile_accumulate(
     # a block of unpacking and MMA instead of stalling every iteration.
     if SCALE_IN_OPERAND:
         side = _load_operand_params(s_ptr, z_ptr, block_start, block_end, num_groups, offs_n, n_mask, N,
-                                    GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM, INTEGER_ZEROS)
+                                    GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM)
     else:
         side = _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block_start, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
                                  n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN)
@@ -467,7 +461,7 @@ def _tile_accumulate(
         if SCALE_IN_OPERAND:
             params = side
             side = _load_operand_params(s_ptr, z_ptr, block + 1, block_end, num_groups, offs_n, n_mask, N,
-                                        GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM, INTEGER_ZEROS)
+                                        GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM)
             # DOT_PARTS = 1 keeps the all-slices-first form here and below: the shipped entries were timed
             # with its sm_90 schedule (through _chained_part_dots five of them schedule differently, NOTES v10)
             if DOT_PARTS == 1:
@@ -680,9 +674,9 @@ def _w4a16_gemv_kernel(
             s, zz = _load_group_params(s_ptr, z_ptr, (block * 128) // group_size, num_groups, offs_n, n_mask, N, 0.0, SYMMETRIC)
             zz3 = zz[:, None, None]
         for r in tl.static_range(8):
-            # 2**23 + q exactly, minus 2**23: q as fp32 without an int-to-float convert. (The zero
-            # is subtracted separately: 2**23 + z would drop a fractional zero's fraction.)
-            codes = (((words >> (4 * r)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+            # q as fp32 by the magic number. (The zero is subtracted separately: 2**23 + z would drop
+            # a fractional zero's fraction.)
+            codes = _uint_as_float((words >> (4 * r)) & 0xF, 0.0)
             if FOLD_SUBS == 8:
                 if r == 0:
                     part3 = (codes - zz3) * x_cur[r]

@@ -219,7 +219,7 @@ class W4A16Linear(nn.Module):
             w = w.to(dtype)
         with torch.no_grad():
             packed, scales, zeros = quantize_weight_int4_grouped(w.t(), group_size, symmetric)
-            weight = prepare_weight(packed, scales.to(dtype), None if symmetric else zeros.to(dtype), group_size)
+            weight = prepare_weight(packed, scales.to(dtype), None if symmetric else zeros, group_size)  # integer zeros: uint8
         if not symmetric and weight.zeros is None:
             weight = _dc_replace(weight, zeros=torch.full_like(weight.scales, SYMMETRIC_ZERO, dtype=torch.uint8))
         return cls.from_weight(weight, linear.bias, dtype=dtype)
