@@ -73,7 +73,8 @@ def candidates(m: int, n: int, k: int, sm_count: int):
     if m >= 64:
         for bn, bm, w, st, operand in ((128, 64, 4, 3, False), (128, 128, 8, 3, False), (256, 64, 8, 3, False),
                                        (256, 128, 8, 3, False), (128, 64, 4, 4, True), (128, 128, 8, 3, True),
-                                       (256, 64, 8, 3, True), (256, 128, 8, 3, True)):
+                                       (256, 64, 8, 3, True), (256, 128, 8, 3, True), (128, 256, 8, 3, True),
+                                       (128, 256, 8, 2, True)):
             if bm > 2 * m:
                 continue
             tiles = -(-n // bn) * -(-m // bm)
