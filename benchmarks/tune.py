@@ -78,7 +78,7 @@ def candidates(m: int, n: int, k: int, sm_count: int):
             if bm > 2 * m:
                 continue
             tiles = -(-n // bn) * -(-m // bm)
-            for split in splits(tiles, most=2):
+            for split in splits(tiles, most=4):
                 # DOT_PARTS = 2 (scale in operand): the block's dot as two chained 64-row dots, each operand
                 # half unpacked right before its MMAs; it won on most M = 64..256 entries on the H200 (NOTES
                 # v10). Other values, and DOT_PARTS on fold plans, are left to --around-plan.
