@@ -85,7 +85,7 @@ def candidates(m: int, n: int, k: int, sm_count: int):
                 for parts in ((1, 2) if operand else (1,)):
                     yield ("splitk" if split > 1 else "tiled"), _with_option(cfg(bn, bm, w, st, split, operand), "DOT_PARTS", parts,
                                                                              default=1)
-    if m >= 64:  # the dense path (dequantize + cuBLAS): the tuned table picks it at M = 512 on six shapes
+    if m >= 64:  # the dense path (dequantize + cuBLAS): the H200 table picks it at M = 512 on four shapes, M >= 1024 on all
         yield "dense", {}
 
 
