@@ -133,6 +133,35 @@ def test_triton_paths_dot_parts(w4a16, device, path, dtype, k, n, group_size, sy
     assert_path_matches_reference(w4a16, weight, ref, path, dtype, device, (1, 17), seed=12)
 
 
+# Tile configurations of the shipped H200 table (large tiles, 8 warps, split-K 3 / 4, Stream-K), forced on a small
+# layer whose N is off every tile size and whose 4 K blocks leave a split empty (split 3: blocks 2 + 2 + 0).
+SHIPPED_TILES = [
+    ("tiled", {"BLOCK_N": 128, "BLOCK_M": 256, "num_warps": 8, "num_stages": 3, "SCALE_IN_OPERAND": True, "DOT_PARTS": 2}),
+    ("tiled", {"BLOCK_N": 128, "BLOCK_M": 256, "num_warps": 8, "num_stages": 2, "SCALE_IN_OPERAND": True}),
+    ("splitk", {"BLOCK_N": 256, "BLOCK_M": 128, "SPLIT_K": 3, "num_warps": 8, "num_stages": 3, "SCALE_IN_OPERAND": True}),
+    ("splitk", {"BLOCK_N": 128, "BLOCK_M": 64, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4, "SCALE_IN_OPERAND": True}),
+    ("splitk", {"BLOCK_N": 256, "BLOCK_M": 16, "SPLIT_K": 3, "num_warps": 8, "num_stages": 3, "maxnreg": 128, "DOT_PARTS": 4}),
+    ("streamk", {"BLOCK_N": 128, "BLOCK_M": 32, "PROGRAMS": 5, "num_warps": 4, "num_stages": 4}),
+]
+
+
+@pytest.mark.parametrize("kernel_path,config", SHIPPED_TILES)
+@pytest.mark.parametrize("group_size,dtype", [(128, torch.float16), (64, torch.bfloat16)])
+def test_shipped_tile_configs(w4a16, device, kernel_path, config, group_size, dtype):
+    """The tuned table's large tiles against the float64 reference at M within one tile and over two."""
+    if not triton_available(device):
+        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
+    weight, ref = random_layer(w4a16, 512, 200, group_size, False, dtype, device, seed=13)
+    gen = torch.Generator().manual_seed(14)
+    for m in (33, config["BLOCK_M"] + 4):
+        x = torch.randn(m, 512, generator=gen).to(device=device, dtype=dtype)
+        y = w4a16.matmul.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features,
+                                      weight.group_size, path=kernel_path, config=config)
+        expected = x.to(torch.float64) @ ref
+        err = float((y.to(torch.float64) - expected).norm() / expected.norm())
+        assert err < TOL[dtype], f"{kernel_path} {config} M={m}: relative error {err:.2e}"
+
+
 @pytest.mark.parametrize("m,k", [(1, 8), (3, 1000), (2, 2056)])
 def test_gather_columns_is_index_select(w4a16, device, m, k):
     """The act-order gather kernel: x[:, perm] exactly, for a strided x and K not a multiple of its block."""
