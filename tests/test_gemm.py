@@ -61,11 +61,14 @@ def random_layer(w4a16, k, n, group_size, symmetric, dtype, device, act_order=Fa
     return weight, ref.to(device)
 
 
-def forced_path(name: str) -> tuple:
+def forced_path(name) -> tuple:
     """A test path name -> (kernel path, config) for `w4a16_matmul`: "splitk" (the plan's own config), or
     "splitk:<scale mode>[-parts<P>]" with scale mode "fold" (per group on the fp32 accumulator),
     "fold-one-token" (the fold taking x sums from x's only row, ONE_TOKEN) or "operand" (dequantized in the
-    MMA operand, SCALE_IN_OPERAND), and P the dot parts (DOT_PARTS)."""
+    MMA operand, SCALE_IN_OPERAND), and P the dot parts (DOT_PARTS). A (kernel path, config) pair is
+    taken as it is (a whole launch configuration, e.g. one of the tuned table's)."""
+    if isinstance(name, tuple):
+        return name
     kernel_path, _, mode = name.partition(":")
     if not mode:
         return kernel_path, None
@@ -152,14 +155,7 @@ def test_shipped_tile_configs(w4a16, device, kernel_path, config, group_size, dt
     if not triton_available(device):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     weight, ref = random_layer(w4a16, 512, 200, group_size, False, dtype, device, seed=13)
-    gen = torch.Generator().manual_seed(14)
-    for m in (33, config["BLOCK_M"] + 4):
-        x = torch.randn(m, 512, generator=gen).to(device=device, dtype=dtype)
-        y = w4a16.matmul.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features,
-                                      weight.group_size, path=kernel_path, config=config)
-        expected = x.to(torch.float64) @ ref
-        err = float((y.to(torch.float64) - expected).norm() / expected.norm())
-        assert err < TOL[dtype], f"{kernel_path} {config} M={m}: relative error {err:.2e}"
+    assert_path_matches_reference(w4a16, weight, ref, (kernel_path, config), dtype, device, (33, config["BLOCK_M"] + 4), seed=14)
 
 
 @pytest.mark.parametrize("m,k", [(1, 8), (3, 1000), (2, 2056)])
@@ -331,6 +327,8 @@ def test_bad_inputs_raise_clear_errors(w4a16):
         w4a16.prepare_weight(packed, scales[:, :16], zeros, 128)
     with pytest.raises(ValueError, match="zeros must have shape"):
         w4a16.prepare_weight(packed, scales, zeros[:1], 128)
+    with pytest.raises(ValueError, match=r"uint8 zeros must be integer zero points in 0\.\.127, got a maximum of 200"):
+        w4a16.prepare_weight(packed, scales, torch.full_like(zeros, 200, dtype=torch.uint8), 128)
     with pytest.raises(ValueError, match="one device"):
         w4a16.prepare_weight(packed, scales.to("meta"), zeros, 128)
     weight = w4a16.prepare_weight(packed, scales, zeros, 128)

@@ -19,7 +19,8 @@ Kernel-native layout ("64-row tiles, K-striped, pair-interleaved"), made once at
         uint8 when every zero point is an integer in 0..127 (what `prepare_weight` makes of
         integer-valued zeros, and what checkpoints hold): the tensor-core kernel then applies them with one packed
         subtract (no correction term), which measured 3-9% faster at M = 64 on the H200 (NOTES v12).
-        Float zeros (fp16 / bf16 / fp32) may be fractional and take the general form.
+        Float zeros (fp16 / bf16 / fp32) may be fractional and take the general form. uint8 zeros
+        must be at most 127 (`prepare_weight` checks it; the per-call checks do not read values).
     perm int64 [K] or None: act-order. Rows were sorted so that groups are contiguous; the GEMM
         computes x[:, perm] @ W_sorted, where W_sorted[i] = W[perm[i]].
 
@@ -199,9 +200,15 @@ class W4A16Weight:
 
 
 def integer_zeros_as_uint8(zeros: torch.Tensor) -> torch.Tensor:
-    """Float zeros that are all integers in 0..127 as uint8 (one host sync); anything else unchanged.
-    (Below 128, C + z is exact in bf16 too: the kernels round it to the activations' dtype.)"""
-    if zeros.dtype.is_floating_point and bool(((zeros == zeros.round()) & (zeros >= 0) & (zeros <= 127)).all()):
+    """Zeros in the form the kernels read (one host sync): float zeros that are all integers in 0..127 as
+    uint8, other float zeros unchanged; uint8 zeros must lie in 0..127 (a 4-bit zero point is 0..16),
+    else ValueError. (Below 128, C + z is exact in bf16 too: the scale-in-operand kernel rounds it to
+    the activations' dtype, which would silently shift a larger odd zero by one.)"""
+    if zeros.dtype == torch.uint8:
+        if not bool((zeros <= 127).all()):
+            raise ValueError(f"uint8 zeros must be integer zero points in 0..127, got a maximum of {int(zeros.max())}")
+        return zeros
+    if bool(((zeros == zeros.round()) & (zeros >= 0) & (zeros <= 127)).all()):
         return zeros.to(torch.uint8)
     return zeros
 
