@@ -26,12 +26,17 @@ for step in ${STEPS:-tests}; do
               export W4A16_COMMIT="${W4A16_COMMIT:-unknown}+tuned-in-session" ;;
         bench) timeout "${BENCH_TIMEOUT:-420}" python3 benchmarks/bench_gemm.py --m "${BENCH_M:-1,2,4,8,16,32,64,128,256,512,1024,4096}" --variants "${BENCH_VARIANTS:-base}" --merge --out benchmarks/results/h200.json 2>&1 | tee "$OUT/bench.txt" | tail -60; cp benchmarks/results/h200.json "$OUT/" ;;
         layout) timeout "${LAYOUT_TIMEOUT:-420}" python3 benchmarks/probe_layout.py --m "${LAYOUT_M:-1,16}" --out "$OUT/probe_layout.json" 2>&1 | tee "$OUT/probe_layout.txt" | tail -80 ;;
+        # NCU_SPECS: "shape:M ..."; each: one launch with ncu's full set and per-instruction (SASS) sampling,
+        # the report, its details page and its source page (CSV: stall reasons per SASS instruction)
         ncu) for spec in ${NCU_SPECS:-70B.gate_up:1}; do
-                 timeout 150 ncu --kernel-name regex:_w4a16 --launch-skip 2 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
-                     --section MemoryWorkloadAnalysis --section Occupancy --section SchedulerStats --section LaunchStats \
-                     --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-                     python3 benchmarks/profile_one.py --shape "${spec%%:*}" --m "${spec##*:}" > "$OUT/ncu_${spec%%:*}_${spec##*:}.txt" 2>&1
-                 grep -E "plan:|Duration|stalled_|Throughput|Stall|Warp Cycles|Issued|Eligible|Active Warps|Registers|Achieved|Theoretical Occ|Block Limit|L2 Hit|Mem Busy|Max Bandwidth" "$OUT/ncu_${spec%%:*}_${spec##*:}.txt" | head -40
+                 name="ncu_${spec%%:*}_${spec##*:}"
+                 timeout "${NCU_TIMEOUT:-200}" ncu --kernel-name regex:_w4a16 --launch-skip 2 --launch-count 1 --set full \
+                     --import-source yes -f -o "$OUT/$name" python3 benchmarks/profile_one.py --shape "${spec%%:*}" --m "${spec##*:}" \
+                     > "$OUT/$name.log" 2>&1
+                 ncu -i "$OUT/$name.ncu-rep" --page details > "$OUT/$name.txt" 2>&1
+                 ncu -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass > "$OUT/${name}_sass.csv" 2>&1
+                 grep -E "plan:" "$OUT/$name.log"
+                 grep -E "Duration|Throughput|Issued|Eligible|Active Warps|Registers|Achieved Occ|Theoretical Occ|L2 Hit|Mem Busy" "$OUT/$name.txt" | head -24
              done ;;
         # AB_SOURCE: older trees' package sources, space-separated (git archive <sha> torch-ext/w4a16 | tar -x -C
         # .ab/<name>, carried as ".ab"); the bench alternates them with this tree's (run 1: each in order, run 2 again)
@@ -44,7 +49,15 @@ for step in ${STEPS:-tests}; do
                         | grep -F "w4a16[fp16 g128]" | sed "s/^/${side}${run} /"
                 done
             done ;;
-        eager) timeout 120 python3 benchmarks/eager_overhead.py --out "$OUT/eager_overhead.json" 2>&1 | tail -12 ;;
+        # EAGER_SOURCE: older trees' package sources (as AB_SOURCE) timed in turn with this tree's, twice
+        eager) for run in 1 2; do
+                   for src in ${EAGER_SOURCE:-} ""; do
+                       side=$(basename "${src:-new}"); label="${W4A16_COMMIT:-unknown}"; [ -n "$src" ] && label="$side"
+                       W4A16_SOURCE="$src" W4A16_COMMIT="$label" timeout 120 python3 benchmarks/eager_overhead.py \
+                           --out "$OUT/eager_overhead_${side}_${run}.json" 2>&1 | tail -10 | sed "s/^/${side}${run} /"
+                   done
+                   [ -z "${EAGER_SOURCE:-}" ] && break
+               done ;;
         e2e) timeout "${E2E_TIMEOUT:-400}" python3 benchmarks/bench_e2e.py ${E2E_ARGS:-} --out "$OUT/h200_e2e.json" 2>&1 | tee "$OUT/e2e.txt" | tail -30 ;;
     esac
 done

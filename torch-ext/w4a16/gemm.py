@@ -45,10 +45,10 @@ import triton
 import triton.language as tl
 
 from .dispatch import Plan
-from .launch import PreparedLaunch, current_stream, split_k_scratch
+from .launch import BoundLaunch, PreparedLaunch, current_stream, split_k_scratch
 from .layout import K_BLOCK, N_TILE
 
-__all__ = ["launch_gemm", "dequantize_native", "gather_columns"]
+__all__ = ["launch_gemm", "launch_gemm_kept", "RepeatGemm", "dequantize_native", "gather_columns"]
 
 # fp16 1024.0 / bf16 128.0 in both 16-bit halves of a word: OR-ed with two nibbles at bits 0 and 16
 # it gives the two 16-bit floats C + q (the magic-number conversion).
@@ -831,11 +831,50 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
 def launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out=None) -> torch.Tensor:
     """Launch the GEMV, tensor-core or Stream-K kernel of `plan` on x2 [M, K] (for act-order weights:
     x already permuted, `gather_columns`)."""
+    return _launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan, out, keep=False)[0]
+
+
+def launch_gemm_kept(x2, qweight, scales, zeros, in_features, group_size, plan: Plan) -> tuple[torch.Tensor, RepeatGemm | None]:
+    """`launch_gemm`, and the launch kept as a `RepeatGemm` (None where Triton's fast launch path does
+    not apply: see `PreparedLaunch.bind`)."""
+    return _launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan, None, keep=True)
+
+
+_REPEAT_SLOTS = (0, 1, 2, 3, 4)  # x, qweight, scales, zeros, y of _TENSOR_ARGS: passed anew by each repeat
+
+
+def _launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out, keep: bool):
     stream = current_stream(x2.device)
     run, grid, tensors, ints, y = _launch_arguments(x2, qweight, scales, zeros, in_features, group_size, plan, out, stream,
                                                     x2.device.type)
     run.kernel(grid, tensors, ints, stream)
-    return y
+    bound = run.kernel.bind(grid, tensors, ints, stream, _REPEAT_SLOTS) if keep else None
+    return y, None if bound is None else RepeatGemm(bound, tuple(y.shape), y.dtype, y.device)
+
+
+class RepeatGemm:
+    """One `launch_gemm` call kept to be repeated on new tensors of the same shapes and dtypes: the
+    eager host path of repeat decode calls (no planning, no argument building).
+
+    A call takes x2 [M, K] (contiguous, the kept call's dtype) and the weight's tensors, allocates
+    y [M, N] and launches; it returns None (launching nothing) when an address is not 16-byte
+    aligned, which the kept compiled kernel assumes. The split-K scratch of the kept call stays
+    bound (and alive): calls on one stream run in order, as they would sharing the stream's scratch.
+    """
+
+    __slots__ = ("launch", "shape", "dtype", "device")
+
+    def __init__(self, launch: BoundLaunch, shape: tuple, dtype: torch.dtype, device: torch.device):
+        self.launch, self.shape, self.dtype, self.device = launch, shape, dtype, device
+
+    def __call__(self, x2, qweight, scales, zeros) -> torch.Tensor | None:
+        y = torch.empty(self.shape, device=self.device, dtype=self.dtype)
+        addresses = (x2.data_ptr(), qweight.data_ptr(), scales.data_ptr(), (scales if zeros is None else zeros).data_ptr(),
+                     y.data_ptr())
+        if (addresses[0] | addresses[1] | addresses[2] | addresses[3] | addresses[4]) & 15:
+            return None
+        self.launch(addresses)
+        return y
 
 
 def _launch_arguments(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out, stream: int, device_type: str):

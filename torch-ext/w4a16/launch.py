@@ -6,6 +6,8 @@ fast path. No kernels here; nothing here changes what a kernel computes.
 - `PreparedLaunch`: a kernel with its constexprs and options fixed once; a call launches it with
   this call's tensors and ints, skipping Triton's per-call dispatch on repeat launches (NVIDIA, the
   Triton versions it mirrors); everywhere else Triton's own path.
+- `BoundLaunch`: one launch of a `PreparedLaunch` (compiled kernel, grid, stream, arguments) kept to
+  be repeated with new addresses for some of its tensors: the eager decode call's host path.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 
-__all__ = ["COUNTER_SLOT", "split_k_scratch", "current_stream", "PreparedLaunch"]
+__all__ = ["COUNTER_SLOT", "split_k_scratch", "current_stream", "PreparedLaunch", "BoundLaunch"]
 
 
 COUNTER_SLOT = 16384  # split-K tiles per stream (N / BLOCK_N * M / BLOCK_M; 57344 / 64 * 4 = 3584)
@@ -66,6 +68,11 @@ _FAST_LAUNCH_TRITON = ("3.6.",)
 _fast_launch = triton.__version__.startswith(_FAST_LAUNCH_TRITON) and torch.version.hip is None
 
 
+def _takes_fast_path(tensor: torch.Tensor) -> bool:
+    """Whether launches with `tensor` first may skip Triton's dispatch (NVIDIA GPU, mirrored Triton)."""
+    return _fast_launch and tensor.is_cuda
+
+
 class PreparedLaunch:
     """One Triton kernel with its constexprs and launch options fixed (made once per plan and format):
     calling it launches the kernel on a grid with this call's tensors and run-time ints.
@@ -89,26 +96,90 @@ class PreparedLaunch:
         self._compiled: dict = {}
 
     def __call__(self, grid: tuple, tensors: tuple, ints: tuple, stream: int) -> None:
-        if not (_fast_launch and tensors[0].is_cuda):
+        if not _takes_fast_path(tensors[0]):
             self._launch_through_triton(grid, tensors, ints)
             return
         addresses = [t.data_ptr() for t in tensors]
-        spec = (tensors[0].get_device(), *[t.dtype for t in tensors], *[a % 16 == 0 for a in addresses],
-                *[(-(2**31) <= v < 2**31, v == 1, v % 16 == 0) for v in ints])
+        spec = self._spec(tensors, addresses, ints)
         compiled = self._compiled.get(spec)
         if compiled is None:
             self._compiled[spec] = self._launch_through_triton(grid, tensors, ints)
             return
+        _run_compiled(compiled, grid, stream, self._arguments(addresses, ints))
+
+    def bind(self, grid: tuple, tensors: tuple, ints: tuple, stream: int, call_slots: tuple) -> BoundLaunch | None:
+        """This launch (as `__call__` would run it) kept for repeating, or None where the fast path
+        does not apply: not NVIDIA / not these Triton versions, not compiled yet for this
+        specialisation, or a tensor address not 16-byte aligned. `call_slots` name the positions in
+        `tensors` whose addresses each repeat passes anew; the others are fixed, and kept alive."""
+        if not _takes_fast_path(tensors[0]):
+            return None
+        addresses = [t.data_ptr() for t in tensors]
+        compiled = self._compiled.get(self._spec(tensors, addresses, ints))
+        if compiled is None or any(a % 16 for a in addresses):
+            return None
+        kept = tuple(t for i, t in enumerate(tensors) if i not in call_slots)
+        return BoundLaunch(compiled, grid, stream, self._arguments(addresses, ints),
+                           tuple(self._tensor_slots[i] for i in call_slots), kept)
+
+    @staticmethod
+    def _spec(tensors: tuple, addresses: list, ints: tuple) -> tuple:
+        # what Triton specialises a kernel on: device; tensor dtypes and 16-byte alignment; each
+        # int's width, == 1 and divisibility by 16
+        return (tensors[0].get_device(), *[t.dtype for t in tensors], *[a % 16 == 0 for a in addresses],
+                *[(-(2**31) <= v < 2**31, v == 1, v % 16 == 0) for v in ints])
+
+    def _arguments(self, addresses: list, ints: tuple) -> list:
+        """The launcher's argument list: every kernel parameter in order (constexprs included)."""
         args = self._template.copy()
         for slot, address in zip(self._tensor_slots, addresses):
             args[slot] = address
         for slot, value in zip(self._int_slots, ints):
             args[slot] = value
-        knobs = triton.knobs.runtime
-        grid_x, grid_y, grid_z = (*grid, 1, 1)[:3]  # a 1-D grid (Stream-K) is (P, 1, 1) to the launcher
-        compiled.run(grid_x, grid_y, grid_z, stream, compiled.function, compiled.packed_metadata,
-                     compiled.launch_metadata(grid, stream, *args), knobs.launch_enter_hook, knobs.launch_exit_hook, *args)
+        return args
 
     def _launch_through_triton(self, grid: tuple, tensors: tuple, ints: tuple):
         return self.kernel[grid](**dict(zip(self.tensor_names, tensors)), **dict(zip(self.int_names, ints)),
                                  **self.constexprs, **self.options)
+
+
+def _run_compiled(compiled, grid: tuple, stream: int, args: list) -> None:
+    """Launch a compiled kernel as `JITFunction.run` does after its cache look-up (Triton 3.6)."""
+    knobs = triton.knobs.runtime
+    grid_x, grid_y, grid_z = (*grid, 1, 1)[:3]  # a 1-D grid (Stream-K) is (P, 1, 1) to the launcher
+    compiled.run(grid_x, grid_y, grid_z, stream, compiled.function, compiled.packed_metadata,
+                 compiled.launch_metadata(grid, stream, *args), knobs.launch_enter_hook, knobs.launch_exit_hook, *args)
+
+
+class BoundLaunch:
+    """A compiled kernel's launch with grid, stream and arguments fixed: a call passes new addresses
+    for the tensors at `call_slots` (kernel parameter positions) and launches. Made by
+    `PreparedLaunch.bind` after a launch of the same specialisation; the caller guarantees that the
+    repeat matches it (same shapes, strides, dtypes; every address 16-byte aligned).
+
+    With no launch hooks registered (no profiler attached) it calls Triton's C launcher directly
+    (no launch metadata, no hook calls, no scratch allocation: the kernels need none); otherwise,
+    or if the compiled kernel wants global scratch, it launches as `JITFunction.run` would.
+    """
+
+    __slots__ = ("compiled", "grid", "stream", "args", "call_slots", "kept", "_direct")
+
+    def __init__(self, compiled, grid: tuple, stream: int, args: list, call_slots: tuple, kept: tuple):
+        self.compiled, self.grid, self.stream, self.args = compiled, (*grid, 1, 1)[:3], stream, args
+        self.call_slots, self.kept = call_slots, kept  # kept: the fixed tensors (scratch), held alive
+        launcher = compiled.run
+        self._direct = None
+        if getattr(launcher, "global_scratch_size", 1) == 0 and getattr(launcher, "profile_scratch_size", 1) == 0:
+            self._direct = (launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl)
+
+    def __call__(self, addresses: tuple) -> None:
+        args = self.args.copy()
+        for slot, address in zip(self.call_slots, addresses):
+            args[slot] = address
+        knobs = triton.knobs.runtime
+        if self._direct is None or knobs.launch_enter_hook.calls or knobs.launch_exit_hook.calls:
+            _run_compiled(self.compiled, self.grid, self.stream, args)
+            return
+        launch, cooperative, pdl = self._direct
+        launch(*self.grid, self.stream, self.compiled.function, cooperative, pdl, None, None, self.compiled.packed_metadata,
+               None, None, None, *args)

@@ -35,7 +35,7 @@ Any BLOCK_N that is a multiple of 64 reads whole tiles.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -156,6 +156,8 @@ class W4A16Weight:
     in_features: int  # K
     out_features: int  # N
     group_size: int  # effective G (K for per-channel)
+    # Eager calls' kept launches per (M, dtype, stream, strict) (matmul.matmul_weight): a cache, not state.
+    repeat_launches: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # Checked once here, so that calls on the weight check only the activations (the dataclass is

@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from .dispatch import plan_gemm
-from .gemm import dequantize_native, gather_columns, launch_gemm
+from .gemm import dequantize_native, gather_columns, launch_gemm, launch_gemm_kept
+from .launch import current_stream
 from .layout import W4A16Weight, unpack_int4_tiled_striped, validate_weight_tensors
 from .quantize import apply_group_params
 
@@ -58,16 +59,37 @@ def w4a16_matmul(
     return _matmul_checked(x, qweight, scales, zeros, perm, in_features, group_size, path, strict, out, config)
 
 
+_KEPT_LAUNCHES_PER_WEIGHT = 16  # (M, dtype, stream, strict) keys per weight: decode batch sizes, a few streams
+
+
 def matmul_weight(x: torch.Tensor, weight: W4A16Weight, path: str = "auto", strict: bool = False) -> torch.Tensor:
-    """`w4a16_matmul` on a `W4A16Weight`: its tensors were checked when it was made, so a call checks x only."""
+    """`w4a16_matmul` on a `W4A16Weight`: its tensors were checked when it was made, so a call checks x only.
+
+    Eager repeat calls on CUDA (path "auto", no act-order, x contiguous) repeat the launch kept from
+    the first call of the same (M, dtype, stream, strict) in `weight.repeat_launches` (gemm.RepeatGemm):
+    the plan of a shape never changes, so planning and building the arguments again is host time only.
+    """
     validate_activation(x, weight.in_features, weight.qweight.device)
-    return _matmul_checked(x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features, weight.group_size,
-                           path, strict)
+    if path != "auto" or weight.perm is not None or not x.is_cuda or not x.is_contiguous():
+        return _matmul_checked(x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features,
+                               weight.group_size, path, strict)
+    kept = weight.repeat_launches
+    key = (x.numel() // weight.in_features, x.dtype, current_stream(x.device), strict)
+    repeat = kept.get(key)
+    if repeat is not None:
+        y = repeat(x, weight.qweight, weight.scales, weight.zeros)
+        if y is not None:
+            return y if x.dim() == 2 else y.view(*x.shape[:-1], weight.out_features)
+    # First call of this key (or an unaligned x): the full path, keeping its launch where it can
+    keep = repeat is None and len(kept) < _KEPT_LAUNCHES_PER_WEIGHT and not torch.cuda.is_current_stream_capturing()
+    return _matmul_checked(x, weight.qweight, weight.scales, weight.zeros, None, weight.in_features, weight.group_size,
+                           path, strict, keep_into=(kept, key) if keep else None)
 
 
 def _matmul_checked(x, qweight, scales, zeros, perm, in_features: int, group_size: int, path: str = "auto", strict: bool = False,
-                    out: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
-    """The body of `w4a16_matmul` on validated inputs (group_size the effective one): plan, launch."""
+                    out: torch.Tensor | None = None, config: dict | None = None, keep_into: tuple | None = None) -> torch.Tensor:
+    """The body of `w4a16_matmul` on validated inputs (group_size the effective one): plan, launch.
+    `keep_into=(dict, key)`: a Triton kernel's launch is also kept there for repeating (`matmul_weight`)."""
     lead = x.shape[:-1]
     x2 = x if x.dim() == 2 else x.reshape(-1, in_features)
     if x2.stride(-1) != 1:
@@ -90,6 +112,10 @@ def _matmul_checked(x, qweight, scales, zeros, perm, in_features: int, group_siz
     elif plan.path == "dense":
         w = dequantize_native(qweight, scales, zeros, in_features, group_size, x2.dtype)
         y = torch.nn.functional.linear(x2, w)
+    elif keep_into is not None and out is None:
+        y, repeat = launch_gemm_kept(x2, qweight, scales, zeros, in_features, group_size, plan)
+        if repeat is not None:
+            keep_into[0][keep_into[1]] = repeat
     else:
         y = launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan, out)
     if out is not None and y is not out:

@@ -1,0 +1,156 @@
+"""Launch plumbing (launch.py): kept launches of eager repeat calls.
+
+An eager call on a `W4A16Weight` keeps its launch (`weight.repeat_launches`) and later calls of the
+same (M, dtype, stream) repeat it with new tensor addresses, skipping planning and argument building.
+On the CPU a fake compiled kernel records what reaches Triton's launcher: the kept launch must pass
+exactly the arguments the prepared launch would. On the GPU the repeats run and are checked against
+the float64 reference, including the cases the kept launch must notice (in-place weight updates,
+an unaligned x, another stream, a capture).
+"""
+
+import pytest
+import torch
+
+from test_gemm import TOL, random_layer
+
+
+class _FakeLauncher:
+    """Stands in for Triton's launcher of one compiled kernel: records each call's arguments."""
+
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid = launch_pdl = False
+
+    def __init__(self):
+        self.calls = []
+
+    def launch(self, *args):
+        self.calls.append(("direct", args))
+
+    def __call__(self, *args):
+        self.calls.append(("run", args))
+
+
+class _FakeCompiled:
+    function, packed_metadata = 1234, (4, 1, 0)
+
+    def __init__(self):
+        self.run = _FakeLauncher()
+
+    def launch_metadata(self, grid, stream, *args):
+        return "metadata"
+
+
+def test_bound_launch_passes_the_prepared_arguments(w4a16, monkeypatch):
+    launch, gemm = w4a16.launch, w4a16.gemm
+    compiled = _FakeCompiled()
+    monkeypatch.setattr(launch, "_takes_fast_path", lambda tensor: True)
+    monkeypatch.setattr(launch.PreparedLaunch, "_launch_through_triton", lambda self, grid, tensors, ints: compiled)
+    names = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr")
+    int_names = ("M", "N", "K", "stride_xm", "stride_ym", "num_groups", "SPLIT_K")
+    prepared = launch.PreparedLaunch(gemm._w4a16_tc_kernel, {"BLOCK_N": 64, "BLOCK_M": 16}, {"num_warps": 4}, names, int_names)
+
+    def tensors(count=7):
+        return tuple(torch.empty(64, dtype=torch.float32) for _ in range(count))
+
+    first, second = tensors(), tensors()
+    ints, grid, stream = (3, 96, 512, 512, 96, 4, 2), (2, 1, 2), 77
+    assert prepared.bind(grid, first, ints, stream, (0, 4)) is None  # nothing compiled for this specialisation yet
+    prepared(grid, first, ints, stream)  # compiles (here: the fake) and keeps it
+    prepared(grid, second, ints, stream)  # the prepared fast path
+    kind, run_args = compiled.run.calls[-1]
+    assert kind == "run" and run_args[:7] == (*grid, stream, compiled.function, compiled.packed_metadata, "metadata")
+    prepared_args = list(run_args[9:])
+    slots = {name: list(gemm._w4a16_tc_kernel.arg_names).index(name) for name in names + int_names}
+    assert [prepared_args[slots[n]] for n in names] == [t.data_ptr() for t in second]
+    assert [prepared_args[slots[n]] for n in int_names] == list(ints)
+
+    bound = prepared.bind(grid, first, ints, stream, (0, 1, 2, 3, 4))
+    bound(tuple(t.data_ptr() for t in second[:5]))
+    kind, direct_args = compiled.run.calls[-1]
+    # Triton's C launcher: grid, stream, function, cooperative, pdl, two scratch buffers, metadata,
+    # launch metadata, enter / exit hooks (none registered), then every kernel parameter
+    assert kind == "direct" and direct_args[:13] == (*grid, stream, compiled.function, False, False, None, None,
+                                                     compiled.packed_metadata, None, None, None)
+    # the repeat's tensors where it passes them anew, the kept call's scratch (slots 5, 6) otherwise
+    expected = list(prepared_args)
+    expected[slots["part_ptr"]], expected[slots["lock_ptr"]] = first[5].data_ptr(), first[6].data_ptr()
+    assert list(direct_args[13:]) == expected
+    assert all(any(t is k for k in bound.kept) for t in first[5:])  # the fixed tensors are held alive
+
+    # with a launch hook registered (a profiler), repeats go through Triton's own launch with the hooks
+    hooks = w4a16.launch.triton.knobs.runtime.launch_enter_hook
+    hook = lambda metadata: None  # noqa: E731
+    hooks.add(hook)
+    try:
+        bound(tuple(t.data_ptr() for t in second[:5]))
+    finally:
+        hooks.remove(hook)
+    kind, hooked_args = compiled.run.calls[-1]
+    assert kind == "run" and hooked_args[6] == "metadata" and list(hooked_args[9:]) == expected
+
+    # an unaligned tensor is a different specialisation: never bound
+    unaligned = (torch.empty(65, dtype=torch.float16)[1:],) + first[1:]
+    prepared(grid, unaligned, ints, stream)
+    assert prepared.bind(grid, unaligned, ints, stream, (0, 4)) is None
+
+
+def _relative_error(y, expected):
+    return float((y.double() - expected).norm() / expected.norm())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="kept launches are the eager CUDA path")
+def test_repeat_calls_match_reference(w4a16):
+    weight, ref = random_layer(w4a16, 512, 96, 128, False, torch.float16, "cuda", seed=21)
+    fast = w4a16.launch._fast_launch
+    for m in (1, 2, 3, 16, 33):
+        for _ in range(3):  # the first call keeps its launch, the others repeat it
+            x = torch.randn(m, 512, device="cuda", dtype=torch.float16)
+            assert _relative_error(w4a16.w4a16_linear(x, weight), x.double() @ ref) < TOL[torch.float16], m
+    stream = w4a16.launch.current_stream(torch.device("cuda"))
+    if fast:
+        assert {(1, 2, 3, 16, 33)} == {tuple(sorted(key[0] for key in weight.repeat_launches if key[2] == stream))}
+
+    # leading dims, and bf16 activations on the same weight (another key)
+    x3 = torch.randn(2, 3, 512, device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):
+        y3 = w4a16.w4a16_linear(x3, weight)
+        assert y3.shape == (2, 3, 96) and y3.dtype == torch.bfloat16
+        assert _relative_error(y3, x3.double() @ ref) < TOL[torch.bfloat16]
+
+    # in-place weight updates (what load_state_dict does) are followed: new codes, scales, zeros
+    other, other_ref = random_layer(w4a16, 512, 96, 128, False, torch.float16, "cuda", seed=22)
+    for mine, theirs in ((weight.qweight, other.qweight), (weight.scales, other.scales), (weight.zeros, other.zeros)):
+        mine.copy_(theirs)
+    x = torch.randn(16, 512, device="cuda", dtype=torch.float16)
+    assert _relative_error(w4a16.w4a16_linear(x, weight), x.double() @ other_ref) < TOL[torch.float16]
+
+    # an x that is not 16-byte aligned takes the full path (the kept kernel assumes alignment)
+    buffer = torch.randn(16 * 512 + 1, device="cuda", dtype=torch.float16)
+    x_unaligned = buffer[1:].view(16, 512)
+    assert x_unaligned.data_ptr() % 16 != 0
+    assert _relative_error(w4a16.w4a16_linear(x_unaligned, weight), x_unaligned.double() @ other_ref) < TOL[torch.float16]
+
+    # another stream has its own kept launch (and split-K scratch)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        ys = [w4a16.w4a16_linear(x, weight) for _ in range(3)]
+    torch.cuda.current_stream().wait_stream(side)
+    for y in ys:
+        assert _relative_error(y, x.double() @ other_ref) < TOL[torch.float16]
+    if fast:
+        assert any(key[2] == side.cuda_stream for key in weight.repeat_launches)
+
+    # captured into a CUDA graph on the stream whose launch is kept: the replay follows the input
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        w4a16.w4a16_linear(x, weight)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        y_graph = w4a16.w4a16_linear(x, weight)
+    for seed in (1, 2):
+        x.copy_(torch.randn(x.shape, device="cuda", dtype=x.dtype, generator=torch.Generator(device="cuda").manual_seed(seed)))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _relative_error(y_graph, x.double() @ other_ref) < TOL[torch.float16], seed
