@@ -9,9 +9,10 @@ All kernels read the kernel-native weight layout of `layout.py`:
     zeros   [K/G, N]         same dtype rules, or uint8 (integer zero points), or absent (SYMMETRIC: zero 8).
     x       [M, K]           fp16 or bf16, unit stride along K; y [M, N] in x's dtype, unit stride along N.
 
-Codes become floats by the "magic number" unpack: the nibble OR-ed into the mantissa of a float whose
-integer part is C (fp16 1024.0 = 0x6400 or bf16 128.0 = 0x4300 for the tensor-core kernels, fp32 2**23
-for the CUDA-core kernel) gives c = C + q with no integer-to-float conversion. Scale and zero are then
+Codes become floats in registers by the "magic number" unpack of dequant.py: the nibble OR-ed into the
+mantissa of a float whose integer part is C (fp16 1024.0 = 0x6400 or bf16 128.0 = 0x4300 for the
+tensor-core kernels, fp32 2**23 for the CUDA-core kernel) gives c = C + q with no integer-to-float
+conversion. Scale and zero are then
 applied in one of two ways (the tensor-core kernels' SCALE_IN_OPERAND, chosen per shape by the tuned
 table):
 - fold: within one group g of rows and one column n,
@@ -44,23 +45,21 @@ import torch
 import triton
 import triton.language as tl
 
+from .dequant import (MAGIC_PAIR, MAGIC_VALUE, concat_k, concat_slices, dequantize_pairs, magic_pairs, operand_part, pack_pair,
+                      row_of, uint_as_float, unpack_slices)
 from .dispatch import Plan
 from .launch import BoundLaunch, PreparedLaunch, current_stream, split_k_scratch
 from .layout import K_BLOCK, N_TILE
 
 __all__ = ["launch_gemm", "launch_gemm_kept", "RepeatGemm", "dequantize_native", "gather_columns"]
 
-# fp16 1024.0 / bf16 128.0 in both 16-bit halves of a word: OR-ed with two nibbles at bits 0 and 16
-# it gives the two 16-bit floats C + q (the magic-number conversion).
-_MAGIC_PAIR = {torch.float16: 0x64006400, torch.bfloat16: 0x43004300}
-_MAGIC_VALUE = {torch.float16: 1024.0, torch.bfloat16: 128.0}
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 _N_TILE = tl.constexpr(N_TILE)  # output rows per stored weight tile (layout.py)
 _TILE_WORDS = tl.constexpr(N_TILE * K_BLOCK // 8)  # words per (tile, K block): 64 x 16
 
 
 # --------------------------------------------------------------------------------------------------
-# Shared device helpers
+# Device helpers: loads, the split-K reduction, the main loop (dequantization: dequant.py)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -76,17 +75,10 @@ def _load_group_params(s_ptr, z_ptr, g, num_groups, offs_n, n_mask, N, MAGIC_VAL
     if SYMMETRIC:
         zz = tl.zeros_like(s) + (8.0 + MAGIC_VALUE)
     elif z_ptr.dtype.element_ty == tl.uint8:  # integer zeros (layout.py)
-        zz = _uint_as_float(tl.load(z_ptr + g * N + offs_n, mask=valid, other=0).to(tl.uint32), MAGIC_VALUE)
+        zz = uint_as_float(tl.load(z_ptr + g * N + offs_n, mask=valid, other=0).to(tl.uint32), MAGIC_VALUE)
     else:
         zz = tl.load(z_ptr + g * N + offs_n, mask=valid, other=0.0).to(tl.float32) + MAGIC_VALUE
     return s, zz
-
-
-@triton.jit
-def _uint_as_float(v, OFFSET: tl.constexpr):
-    """uint32 v < 2**23 -> fp32 v + OFFSET, exact, without an int-to-float convert: v OR-ed into the
-    mantissa of 2**23 is the float 2**23 + v (the magic number), then one subtract."""
-    return (v | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 - OFFSET)
 
 
 @triton.jit
@@ -148,123 +140,6 @@ def _load_x_rows(x_rows, offs_k, K, m_mask, EVEN_K: tl.constexpr, CACHE: tl.cons
 
 
 @triton.jit
-def _concat_k(a, b):
-    """[R, C] and [R, C] -> [R, 2C] = [a | b] (register relabelling: join, permute, reshape)."""
-    return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), (a.shape[0], 2 * a.shape[1]))
-
-
-@triton.jit
-def _magic_pairs(words, q: tl.constexpr, MAGIC_PAIR: tl.constexpr, USE_ASM: tl.constexpr):
-    """((words >> 4q) & 0x000F000F) | MAGIC_PAIR for a uint32 tile: nibbles q and q + 4 as two 16-bit floats.
-
-    With USE_ASM (NVIDIA) it is one PTX `lop3` with both constants as operands (ptxas keeps one in a
-    register: one LOP3 per word instead of two); the plain bit-op twin is what the Triton
-    interpreter and AMD run, and what the asm must equal.
-    """
-    if USE_ASM:
-        if q == 0:
-            asm: tl.constexpr = f"lop3.b32 $0, $1, 0x000F000F, {MAGIC_PAIR}, 0xEA;"
-        else:
-            asm: tl.constexpr = f"{{ .reg .b32 t; shr.b32 t, $1, {4 * q}; lop3.b32 t, t, 0x000F000F, {MAGIC_PAIR}, 0xEA; mov.b32 $0, t; }}"
-        return tl.inline_asm_elementwise(asm, "=r,r", [words], dtype=tl.uint32, is_pure=True, pack=1)
-    else:
-        return ((words >> (4 * q)) & 0x000F000F) | MAGIC_PAIR
-
-
-@triton.jit
-def _pack_pair(v, XT_DTYPE: tl.constexpr):
-    """A 16-bit float tensor -> uint32 holding its bits in both halves (the operand of packed math)."""
-    bits = v.to(XT_DTYPE).to(tl.uint16, bitcast=True).to(tl.uint32)
-    return bits | (bits << 16)
-
-
-@triton.jit
-def _dequantize_pairs(pairs, params, MAGIC_VALUE: tl.constexpr, XT_DTYPE: tl.constexpr, USE_ASM: tl.constexpr):
-    """Pairs of C + q (uint32) -> pairs of (q - z) * s in XT_DTYPE, two packed instructions per pair.
-
-    Float zeros: params = (s, R, -(C + z - R) * s), each [BLOCK_N, 1], with R = C + z rounded to XT_DTYPE
-    (`_load_operand_params`). The weight is fma(c - R, s, residual): c - R is exact and the residual
-    carries a fractional zero's fraction, so the result is (q - z) * s rounded once, like a weight
-    dequantized to fp16/bf16 for cuBLAS. Integer (uint8) zeros: params = (s, R), R exact, and the
-    weight is (c - R) * s (sub + mul: one parameter less to bring into the operand's register layout,
-    3-9% faster at M = 64, NOTES v12). Symmetric: params = (s,) and the weight is (c - (C + 8)) * s,
-    the constant an immediate of the asm (as a tensor operand derived from s, the symmetric kernel
-    ran 10-25% slower than the asymmetric one with the same plan at M = 64..128, NOTES v11).
-    With USE_ASM the params are packed pairs (uint32) and sub + fma / mul run on f16x2 / bf16x2;
-    the twin computes the same in fp32 on the two halves.
-    """
-    SYMMETRIC: tl.constexpr = len(params) == 1
-    INTEGER_ZERO: tl.constexpr = len(params) == 2
-    T: tl.constexpr = "f16x2" if XT_DTYPE == tl.float16 else "bf16x2"
-    if USE_ASM and SYMMETRIC:
-        ZERO_PAIR: tl.constexpr = "0x64086408" if XT_DTYPE == tl.float16 else "0x43084308"  # C + 8 in both halves
-        asm: tl.constexpr = f"{{ .reg .b32 t, z; mov.b32 z, {ZERO_PAIR}; sub.{T} t, $1, z; mul.rn.{T} $0, t, $2; }}"
-        return tl.inline_asm_elementwise(asm, "=r,r,r", [pairs, params[0]], dtype=tl.uint32, is_pure=True, pack=1)
-    elif USE_ASM and INTEGER_ZERO:
-        asm: tl.constexpr = f"{{ .reg .b32 t; sub.{T} t, $1, $3; mul.rn.{T} $0, t, $2; }}"
-        return tl.inline_asm_elementwise(asm, "=r,r,r,r", [pairs, params[0], params[1]], dtype=tl.uint32, is_pure=True, pack=1)
-    elif USE_ASM:
-        asm: tl.constexpr = f"{{ .reg .b32 t; sub.{T} t, $1, $3; fma.rn.{T} $0, t, $2, $4; }}"
-        return tl.inline_asm_elementwise(asm, "=r,r,r,r,r", [pairs, params[0], params[1], params[2]], dtype=tl.uint32,
-                                         is_pure=True, pack=1)
-    else:
-        shifted_zero = MAGIC_VALUE + 8.0 if SYMMETRIC else params[1]
-        residual = params[2] if len(params) == 3 else 0.0
-        low = _dequantize_half(pairs & 0xFFFF, params[0], shifted_zero, residual, XT_DTYPE)
-        high = _dequantize_half(pairs >> 16, params[0], shifted_zero, residual, XT_DTYPE)
-        return low | (high << 16)
-
-
-@triton.jit
-def _dequantize_half(bits, scale, shifted_zero, residual, XT_DTYPE: tl.constexpr):
-    """Bit-op twin of one half of `_dequantize_pairs`: 16-bit float bits (in uint32) -> result bits."""
-    c = bits.to(tl.uint16).to(XT_DTYPE, bitcast=True).to(tl.float32)
-    return ((c - shifted_zero) * scale + residual).to(XT_DTYPE).to(tl.uint16, bitcast=True).to(tl.uint32)
-
-
-@triton.jit
-def _unpack_slices(words, operand_params, MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr,
-                   DEQUANTIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, XT_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                   BLOCK_N: tl.constexpr):
-    """A [BLOCK_N, 16] word tile -> the 8 slices [BLOCK_N, 16] (slice j = rows 16j..16j+15), as a tuple.
-
-    For q = 0..3 one shift and one and-or (`_magic_pairs`) turn every word into two 16-bit magic
-    values C + q, the row pair (2p, 2p+1) of slice 4h + q (see layout.py); even word columns (h = 0)
-    hold slices 0..3, odd ones (h = 1) slices 4..7. With DEQUANTIZE the pairs become (q - z) * s
-    (`_dequantize_pairs`; operand_params holds one parameter triple per scale fold). Split, join and
-    reshape only relabel registers.
-    """
-    low_slices = ()
-    high_slices = ()
-    for q in tl.static_range(4):
-        pairs = _magic_pairs(words, q, MAGIC_PAIR, USE_ASM)  # [BLOCK_N, 16]: word c = 2p + h (words: uint32)
-        even, odd = tl.split(tl.reshape(pairs, (BLOCK_N, 8, 2)))
-        if DEQUANTIZE:  # slice j = 4h + q belongs to scale fold j // FOLD_SUBS
-            even = _dequantize_pairs(even, operand_params[q // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
-            odd = _dequantize_pairs(odd, operand_params[(4 + q) // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
-        low_slices = low_slices + (_pairs_to_slice(even, XT_DTYPE, BLOCK_N).to(DOT_DTYPE),)
-        high_slices = high_slices + (_pairs_to_slice(odd, XT_DTYPE, BLOCK_N).to(DOT_DTYPE),)
-    return low_slices + high_slices
-
-
-@triton.jit
-def _operand_part(words, params, FIRST: tl.constexpr, COUNT: tl.constexpr, DEQUANTIZE: tl.constexpr, MAGIC_PAIR: tl.constexpr,
-                  MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, FOLD_SUBS: tl.constexpr, XT_DTYPE: tl.constexpr,
-                  DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Slices FIRST .. FIRST + COUNT - 1 of a [BLOCK_N, 16] word tile concatenated along K: one dot operand
-    [BLOCK_N, 16 * COUNT] of C + q, or with DEQUANTIZE of (q - z) * s (`_unpack_slices` makes all eight
-    slices at once). Slice j = 4h + q is nibble pair q of the word columns 2p + h."""
-    halves = tl.split(tl.reshape(words, (BLOCK_N, 8, 2)))  # (even word columns: slices 0..3, odd: 4..7)
-    slices = ()
-    for j in tl.static_range(FIRST, FIRST + COUNT):
-        pairs = _magic_pairs(halves[j // 4], j % 4, MAGIC_PAIR, USE_ASM)
-        if DEQUANTIZE:
-            pairs = _dequantize_pairs(pairs, params[j // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
-        slices = slices + (_pairs_to_slice(pairs, XT_DTYPE, BLOCK_N).to(DOT_DTYPE),)
-    return _concat_slices(slices, 0, COUNT)
-
-
-@triton.jit
 def _chained_part_dots(acc, words, params, x_rows, k_first, K, m_mask, FIRST: tl.constexpr, SLICES: tl.constexpr,
                        PARTS: tl.constexpr, DEQUANTIZE: tl.constexpr, MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr,
                        USE_ASM: tl.constexpr, FOLD_SUBS: tl.constexpr, XT_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr,
@@ -275,46 +150,11 @@ def _chained_part_dots(acc, words, params, x_rows, k_first, K, m_mask, FIRST: tl
     PART_SLICES: tl.constexpr = SLICES // PARTS
     offs_k = tl.arange(0, 16 * PART_SLICES)
     for p in tl.static_range(PARTS):
-        a = _operand_part(words, params, FIRST + p * PART_SLICES, PART_SLICES, DEQUANTIZE, MAGIC_PAIR, MAGIC_VALUE, USE_ASM,
+        a = operand_part(words, params, FIRST + p * PART_SLICES, PART_SLICES, DEQUANTIZE, MAGIC_PAIR, MAGIC_VALUE, USE_ASM,
                           FOLD_SUBS, XT_DTYPE, DOT_DTYPE, BLOCK_N)
         xt = _load_x_rows(x_rows, k_first + p * 16 * PART_SLICES + offs_k, K, m_mask, EVEN_K, "", True)
         acc = tl.dot(a, xt.to(DOT_DTYPE), acc, out_dtype=tl.float32)
     return acc
-
-
-@triton.jit
-def _pairs_to_slice(pairs, XT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """uint32 [BLOCK_N, 8] of 16-bit pairs (row 2p low, row 2p+1 high) -> [BLOCK_N, 16] values.
-
-    The pair already sits in one register the way the MMA operand wants it; truncate / shift /
-    join only name the halves (a PTX register split in inline asm compiles to the same SASS on
-    sm_90 with Triton 3.6, so this needs no asm).
-    """
-    low = pairs.to(tl.uint16)
-    high = (pairs >> 16).to(tl.uint16)
-    return tl.reshape(tl.join(low, high), (BLOCK_N, 16)).to(XT_DTYPE, bitcast=True)
-
-
-@triton.jit
-def _row_of(c, r: tl.constexpr):
-    """Row within a 128-row block of word column c (tensor), nibble r (see layout.py)."""
-    return 16 * (4 * (c % 2) + (r % 4)) + 2 * (c // 2) + r // 4
-
-
-@triton.jit
-def _concat_slices(slices, START: tl.constexpr, COUNT: tl.constexpr):
-    """slices[START : START + COUNT] (each [R, 16]) concatenated along K, COUNT in {1, 2, 4, 8}."""
-    if COUNT == 1:
-        return slices[START]
-    elif COUNT == 2:
-        return _concat_k(slices[START], slices[START + 1])
-    elif COUNT == 4:
-        return _concat_k(_concat_k(slices[START], slices[START + 1]), _concat_k(slices[START + 2], slices[START + 3]))
-    else:
-        return _concat_k(
-            _concat_k(_concat_k(slices[START], slices[START + 1]), _concat_k(slices[START + 2], slices[START + 3])),
-            _concat_k(_concat_k(slices[START + 4], slices[START + 5]), _concat_k(slices[START + 6], slices[START + 7])),
-        )
 
 
 @triton.jit
@@ -355,7 +195,7 @@ def _gather_x_block(x_ptrs, block, block_end, K, offs_w, x_mask, EVEN_K: tl.cons
     """x values [1, 16, BLOCK_M] (fp32) for the 8 nibbles of each word column of `block`, as a tuple."""
     xs = ()
     for r in tl.static_range(8):
-        rows = block * 128 + _row_of(offs_w, r)  # [16]
+        rows = block * 128 + row_of(offs_w, r)  # [16]
         mask = x_mask & ((rows[None, :, None] * 0 + block) < block_end)
         if not EVEN_K:
             mask = mask & (rows[None, :, None] < K)
@@ -381,7 +221,7 @@ def _split_range(num_blocks, SPLIT_K):
 def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_mask, N, GROUP_SIZE: tl.constexpr,
                          FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, MAGIC_VALUE: tl.constexpr, XT_DTYPE: tl.constexpr,
                          USE_ASM: tl.constexpr):
-    """For each scale fold of `block`, the parameters `_dequantize_pairs` takes: (s, R, residual) for float
+    """For each scale fold of `block`, the parameters `dequantize_pairs` takes: (s, R, residual) for float
     zeros, (s, R) for integer (uint8) zeros, (s,) for symmetric weights (their zero is a constant of
     the dequantization).
 
@@ -405,7 +245,7 @@ def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_m
                 values = values + ((-(zz - shifted_zero.to(tl.float32)) * s.to(tl.float32)).to(XT_DTYPE),)  # residual
         fold_params = ()
         for i in tl.static_range(len(values)):  # packed pairs for the asm, fp32 for the twin; [BLOCK_N, 1]
-            fold_params = fold_params + ((_pack_pair(values[i], XT_DTYPE) if USE_ASM else values[i].to(tl.float32))[:, None],)
+            fold_params = fold_params + ((pack_pair(values[i], XT_DTYPE) if USE_ASM else values[i].to(tl.float32))[:, None],)
         params = params + (fold_params,)
     return params
 
@@ -465,9 +305,9 @@ def _tile_accumulate(
             # DOT_PARTS = 1 keeps the all-slices-first form here and below: the shipped entries were timed
             # with its sm_90 schedule (through _chained_part_dots five of them schedule differently, NOTES v10)
             if DOT_PARTS == 1:
-                weights = _unpack_slices(words, params, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, True, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
+                weights = unpack_slices(words, params, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, True, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
                 xt = _load_x_rows(x_rows, block * 128 + offs_xk, K, m_mask, EVEN_K, "", True)
-                acc = tl.dot(_concat_slices(weights, 0, 8), xt.to(DOT_DTYPE), acc, out_dtype=tl.float32)
+                acc = tl.dot(concat_slices(weights, 0, 8), xt.to(DOT_DTYPE), acc, out_dtype=tl.float32)
             else:
                 acc = _chained_part_dots(acc, words, params, x_rows, block * 128, K, m_mask, 0, 8, DOT_PARTS, True, MAGIC_PAIR,
                                          MAGIC_VALUE, USE_ASM, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N, EVEN_K)
@@ -478,9 +318,9 @@ def _tile_accumulate(
             side = _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block + 1, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
                                      n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN)
             if DOT_PARTS == 1:
-                slices = _unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
+                slices = unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
                 xt = _load_x_rows(x_rows, block * 128 + offs_xk, K, m_mask, EVEN_K, "", True)
-                raw = tl.dot(_concat_slices(slices, 0, 8), xt.to(DOT_DTYPE), raw, out_dtype=tl.float32)
+                raw = tl.dot(concat_slices(slices, 0, 8), xt.to(DOT_DTYPE), raw, out_dtype=tl.float32)
             else:
                 raw = _chained_part_dots(raw, words, (), x_rows, block * 128, K, m_mask, 0, 8, DOT_PARTS, False, MAGIC_PAIR,
                                          MAGIC_VALUE, USE_ASM, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N, EVEN_K)
@@ -490,11 +330,11 @@ def _tile_accumulate(
             side = _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block + 1, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
                                      n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN)
             if DOT_PARTS == 1:
-                slices = _unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
+                slices = unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
             for f in tl.static_range(8 // FOLD_SUBS):
                 k0 = block * 128 + f * FOLD_ROWS
                 if DOT_PARTS == 1:
-                    a = _concat_slices(slices, f * FOLD_SUBS, FOLD_SUBS)  # [BLOCK_N, FOLD_ROWS]
+                    a = concat_slices(slices, f * FOLD_SUBS, FOLD_SUBS)  # [BLOCK_N, FOLD_ROWS]
                     xt = _load_x_rows(x_rows, k0 + offs_xk, K, m_mask, EVEN_K, "", True)
                     part = tl.dot(a, xt.to(DOT_DTYPE), out_dtype=tl.float32)
                 else:
@@ -537,15 +377,15 @@ def _w4a16_tc_kernel(
     [BLOCK_N, BLOCK_M] (weights on the wide side of the MMA, tokens on the narrow side) and the
     128-row blocks of its split. Per block it loads the [BLOCK_N, 16] words of its rows (whole 4 KB tiles of
     qweight [ceil(N/64), ceil(K/128), 64, 16] when BLOCK_N is a multiple of 64) and unpacks them
-    (`_unpack_slices`: two weights per shift + and-or) into the eight 16-row slices as [BLOCK_N, 16]
+    (`unpack_slices`: two weights per shift + and-or) into the eight 16-row slices as [BLOCK_N, 16]
     matrices of C + q, exact in DOT_DTYPE. Slices are concatenated along K (join / permute / reshape:
     register relabelling, no data movement) into one dot operand. Two ways to apply scale and zero:
 
     - SCALE_IN_OPERAND: each slice becomes (q - z) * s in x's dtype (two packed instructions per
-      pair of weights, `_dequantize_pairs`), the whole 128-row block is one dot (or DOT_PARTS chained
+      pair of weights, `dequantize_pairs`), the whole 128-row block is one dot (or DOT_PARTS chained
       dots, each part's operand unpacked right before it), and the accumulator chains from block
       to block with nothing between the MMAs (so they can run asynchronously). Integer (uint8)
-      zeros take one parameter less than float zeros (see `_dequantize_pairs`).
+      zeros take one parameter less than float zeros (see `dequantize_pairs`).
     - otherwise: one dot per scale group on the raw C + q, then the fold
       acc += s * dot - s * (z + C) * sum_k x (exact in fp32 for any zero) after every group.
 
@@ -676,14 +516,14 @@ def _w4a16_gemv_kernel(
         for r in tl.static_range(8):
             # q as fp32 by the magic number. (The zero is subtracted separately: 2**23 + z would drop
             # a fractional zero's fraction.)
-            codes = _uint_as_float((words >> (4 * r)) & 0xF, 0.0)
+            codes = uint_as_float((words >> (4 * r)) & 0xF, 0.0)
             if FOLD_SUBS == 8:
                 if r == 0:
                     part3 = (codes - zz3) * x_cur[r]
                 else:
                     part3 += (codes - zz3) * x_cur[r]
             else:
-                rows = block * 128 + _row_of(offs_w, r)  # [16]
+                rows = block * 128 + row_of(offs_w, r)  # [16]
                 s3, zz3 = _load_group_params(s_ptr, z_ptr, (rows // group_size)[None, :, None], num_groups, offs_n[:, None, None],
                                              n_mask[:, None, None], N, 0.0, SYMMETRIC)
                 acc3 += ((codes - zz3) * s3) * x_cur[r]
@@ -718,12 +558,12 @@ def _dequantize_kernel(
     num_groups = K // group_size
     w_dtype = w_ptr.dtype.element_ty
     words = tl.load(_weight_words_ptrs(qw_ptr, offs_n, K) + block * _TILE_WORDS, mask=n_mask[:, None], other=0).to(tl.uint32, bitcast=True)
-    slices = _unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, w_dtype, w_dtype, BLOCK_N)
+    slices = unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, w_dtype, w_dtype, BLOCK_N)
     FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
     for f in tl.static_range(8 // FOLD_SUBS):
         k0 = block * 128 + f * FOLD_ROWS
         s, zz = _load_group_params(s_ptr, z_ptr, k0 // group_size, num_groups, offs_n, n_mask, N, MAGIC_VALUE, SYMMETRIC)
-        w = (_concat_slices(slices, f * FOLD_SUBS, FOLD_SUBS).to(tl.float32) - zz[:, None]) * s[:, None]
+        w = (concat_slices(slices, f * FOLD_SUBS, FOLD_SUBS).to(tl.float32) - zz[:, None]) * s[:, None]
         offs_k = k0 + tl.arange(0, FOLD_ROWS)
         tl.store(w_ptr + offs_n[:, None].to(tl.int64) * K + offs_k[None, :], w.to(w_dtype), mask=n_mask[:, None] & (offs_k[None, :] < K))
 
@@ -814,7 +654,7 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
         return prepared(_w4a16_gemv_kernel, dict(constexprs, IS_SPLIT=split_k > 1), dict(group_size=group_size, SPLIT_K=split_k))
     tensor_core = dict(
         constexprs, GROUP_SIZE=group_size, SCALE_IN_OPERAND=cfg.get("SCALE_IN_OPERAND", False),
-        MAGIC_PAIR=_MAGIC_PAIR[dtype], MAGIC_VALUE=_MAGIC_VALUE[dtype], USE_ASM=_use_asm(device_type),
+        MAGIC_PAIR=MAGIC_PAIR[dtype], MAGIC_VALUE=MAGIC_VALUE[dtype], USE_ASM=_use_asm(device_type),
         # Triton's CPU interpreter multiplies bf16 dot operands as raw bits: give it fp32 (exact
         # for C + q and for bf16 activations); the GPU always runs the bf16 MMA.
         DOT_DTYPE=tl.float32 if (device_type == "cpu" and dtype == torch.bfloat16) else _TL_DTYPE[dtype],
@@ -915,7 +755,7 @@ def dequantize_native(qweight, scales, zeros, in_features: int, group_size: int,
     _dequantize_kernel[grid](
         qweight, scales, scales if zeros is None else zeros, w, n, in_features, group_size,
         FOLD_SUBS=_fold_subs(group_size, in_features), SYMMETRIC=zeros is None,
-        MAGIC_PAIR=_MAGIC_PAIR[dtype], MAGIC_VALUE=_MAGIC_VALUE[dtype], USE_ASM=_use_asm(qweight.device.type), BLOCK_N=block_n,
+        MAGIC_PAIR=MAGIC_PAIR[dtype], MAGIC_VALUE=MAGIC_VALUE[dtype], USE_ASM=_use_asm(qweight.device.type), BLOCK_N=block_n,
     )
     return w
 
