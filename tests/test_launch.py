@@ -1,11 +1,12 @@
 """Launch plumbing (launch.py): kept launches of eager repeat calls.
 
 An eager call on a `W4A16Weight` keeps its launch (`weight.repeat_launches`) and later calls of the
-same (M, dtype, stream) repeat it with new tensor addresses, skipping planning and argument building.
+same (M, dtype, stream) repeat it with new tensor addresses, skipping planning and argument building
+(until the stream's split-K workspace is replaced by a larger one: the launch is then kept anew).
 On the CPU a fake compiled kernel records what reaches Triton's launcher: the kept launch must pass
 exactly the arguments the prepared launch would. On the GPU the repeats run and are checked against
 the float64 reference, including the cases the kept launch must notice (in-place weight updates,
-an unaligned x, another stream, a capture).
+an unaligned x, another stream, a replaced workspace, a capture).
 """
 
 import pytest
@@ -140,6 +141,22 @@ def test_repeat_calls_match_reference(w4a16):
         assert _relative_error(y, x.double() @ other_ref) < TOL[torch.float16]
     if fast:
         assert any(key[2] == side.cuda_stream for key in weight.repeat_launches)
+
+    # a larger call on a fresh stream replaces the stream's split-K workspace: the kept launch bound to the old
+    # one turns stale and is kept anew (it must not hold the old workspace), and results stay right
+    fresh = torch.cuda.Stream()
+    fresh.wait_stream(torch.cuda.current_stream())
+    x_small, x_big = (torch.randn(m, 512, device="cuda", dtype=torch.float16) for m in (1, 64))
+    with torch.cuda.stream(fresh):
+        w4a16.w4a16_linear(x_small, weight)
+        first = weight.repeat_launches.get((1, torch.float16, fresh.cuda_stream, False))
+        ys = [w4a16.w4a16_linear(x, weight) for x in (x_small, x_big, x_small, x_small)]
+    torch.cuda.current_stream().wait_stream(fresh)
+    for y, x in zip(ys, (x_small, x_big, x_small, x_small)):
+        assert _relative_error(y, x.double() @ other_ref) < TOL[torch.float16], x.shape
+    if fast:
+        assert first is not None and first.scratch is not None  # a split-K plan (2 splits on this untuned shape)
+        assert first.stale() and weight.repeat_launches[(1, torch.float16, fresh.cuda_stream, False)] is not first
 
     # captured into a CUDA graph on the stream whose launch is kept: the replay follows the input
     side.wait_stream(torch.cuda.current_stream())

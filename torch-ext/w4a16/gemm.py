@@ -48,7 +48,7 @@ import triton.language as tl
 from .dequant import (MAGIC_PAIR, MAGIC_VALUE, concat_k, concat_slices, dequantize_pairs, magic_pairs, operand_part, pack_pair,
                       row_of, uint_as_float, unpack_slices)
 from .dispatch import Plan
-from .launch import BoundLaunch, PreparedLaunch, current_stream, split_k_scratch
+from .launch import BoundLaunch, PreparedLaunch, current_stream, split_k_scratch, workspace_entry
 from .layout import K_BLOCK, N_TILE
 
 __all__ = ["launch_gemm", "launch_gemm_kept", "RepeatGemm", "dequantize_native", "gather_columns"]
@@ -689,7 +689,10 @@ def _launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan: Plan
                                                     x2.device.type)
     run.kernel(grid, tensors, ints, stream)
     bound = run.kernel.bind(grid, tensors, ints, stream, _REPEAT_SLOTS) if keep else None
-    return y, None if bound is None else RepeatGemm(bound, tuple(y.shape), y.dtype, y.device)
+    if bound is None:
+        return y, None
+    scratch = workspace_entry(x2.device, stream) if run.split_k > 1 or run.path == "streamk" else None
+    return y, RepeatGemm(bound, tuple(y.shape), y.dtype, y.device, scratch, tensors[5])
 
 
 class RepeatGemm:
@@ -700,12 +703,19 @@ class RepeatGemm:
     y [M, N] and launches; it returns None (launching nothing) when an address is not 16-byte
     aligned, which the kept compiled kernel assumes. The split-K scratch of the kept call stays
     bound (and alive): calls on one stream run in order, as they would sharing the stream's scratch.
+    Once the stream's cached workspace has been replaced by a larger one the kept launch is `stale`
+    and its owner drops it, so that it does not keep the old workspace alive.
     """
 
-    __slots__ = ("launch", "shape", "dtype", "device")
+    __slots__ = ("launch", "shape", "dtype", "device", "scratch", "workspace")
 
-    def __init__(self, launch: BoundLaunch, shape: tuple, dtype: torch.dtype, device: torch.device):
+    def __init__(self, launch: BoundLaunch, shape: tuple, dtype: torch.dtype, device: torch.device, scratch: list | None,
+                 workspace: torch.Tensor):
         self.launch, self.shape, self.dtype, self.device = launch, shape, dtype, device
+        self.scratch, self.workspace = scratch, workspace  # the stream's [slot, workspace] entry, the bound workspace
+
+    def stale(self) -> bool:
+        return self.scratch is not None and self.scratch[1] is not self.workspace
 
     def __call__(self, x2, qweight, scales, zeros) -> torch.Tensor | None:
         y = torch.empty(self.shape, device=self.device, dtype=self.dtype)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 
-__all__ = ["COUNTER_SLOT", "split_k_scratch", "current_stream", "PreparedLaunch", "BoundLaunch"]
+__all__ = ["COUNTER_SLOT", "split_k_scratch", "workspace_entry", "current_stream", "PreparedLaunch", "BoundLaunch"]
 
 
 COUNTER_SLOT = 16384  # split-K tiles per stream (N / BLOCK_N * M / BLOCK_M; 57344 / 64 * 4 = 3584)
@@ -52,6 +52,12 @@ def split_k_scratch(device: torch.device, stream: int, tiles: int, partials: int
     if tiles > COUNTER_SLOT:
         return work, torch.zeros(tiles, device=device, dtype=torch.int32)
     return work, slot
+
+
+def workspace_entry(device: torch.device, stream: int) -> list | None:
+    """The cached [counter slot, workspace] pair of (device, stream), or None. Its workspace is replaced
+    (a larger one) when a call needs more: a kept launch compares it with the workspace it bound."""
+    return _scratch.get((device, stream))
 
 
 def current_stream(device: torch.device) -> int:

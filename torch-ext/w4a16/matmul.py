@@ -76,6 +76,9 @@ def matmul_weight(x: torch.Tensor, weight: W4A16Weight, path: str = "auto", stri
     kept = weight.repeat_launches
     key = (x.numel() // weight.in_features, x.dtype, current_stream(x.device), strict)
     repeat = kept.get(key)
+    if repeat is not None and repeat.stale():  # the stream's split-K workspace was replaced: keep anew
+        del kept[key]
+        repeat = None
     if repeat is not None:
         y = repeat(x, weight.qweight, weight.scales, weight.zeros)
         if y is not None:
