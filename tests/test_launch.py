@@ -95,6 +95,24 @@ def test_bound_launch_passes_the_prepared_arguments(w4a16, monkeypatch):
     assert prepared.bind(grid, unaligned, ints, stream, (0, 4)) is None
 
 
+def test_copies_of_a_weight_start_without_kept_launches(w4a16):
+    """Kept launches hold the weight's scratch and compiled kernels: a copied, deep-copied or unpickled weight
+    (or a module holding it) must not inherit them, and still compute the same."""
+    import copy
+    import pickle
+
+    weight, ref = random_layer(w4a16, 256, 48, 128, False, torch.float16, "cpu", seed=23)
+    weight.repeat_launches[(1, torch.float16, 0, False)] = object()  # what a GPU call would have kept
+    for clone in (copy.copy(weight), copy.deepcopy(weight), pickle.loads(pickle.dumps(weight))):
+        assert clone.repeat_launches == {}
+        assert torch.equal(clone.qweight, weight.qweight) and torch.equal(clone.zeros, weight.zeros)
+        assert (clone.in_features, clone.out_features, clone.group_size) == (weight.in_features, weight.out_features, 128)
+    assert len(weight.repeat_launches) == 1
+    x = torch.randn(2, 256).half()
+    y = w4a16.w4a16_linear(x, copy.deepcopy(weight))
+    assert _relative_error(y, x.double() @ ref) < TOL[torch.float16]
+
+
 def _relative_error(y, expected):
     return float((y.double() - expected).norm() / expected.norm())
 
@@ -157,6 +175,14 @@ def test_repeat_calls_match_reference(w4a16):
     if fast:
         assert first is not None and first.scratch is not None  # a split-K plan (2 splits on this untuned shape)
         assert first.stale() and weight.repeat_launches[(1, torch.float16, fresh.cuda_stream, False)] is not first
+
+    # a deep copy (as of a model) starts without kept launches and computes on its own tensors
+    import copy
+
+    twin = copy.deepcopy(weight)
+    assert len(twin.repeat_launches) == 0 and len(weight.repeat_launches) > 0
+    for _ in range(2):
+        assert _relative_error(w4a16.w4a16_linear(x, twin), x.double() @ other_ref) < TOL[torch.float16]
 
     # captured into a CUDA graph on the stream whose launch is kept: the replay follows the input
     side.wait_stream(torch.cuda.current_stream())

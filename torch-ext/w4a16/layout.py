@@ -167,6 +167,11 @@ class W4A16Weight:
         if self.out_features != self.scales.shape[1]:
             raise ValueError(f"out_features={self.out_features} must equal scales.shape[1]={self.scales.shape[1]}")
 
+    def __reduce__(self):
+        # Copies and pickles are made from the other fields: the kept launches are bound to this weight's
+        # own tensors and scratch (and hold compiled kernels), so a copy starts with none.
+        return type(self), (self.qweight, self.scales, self.zeros, self.perm, self.in_features, self.out_features, self.group_size)
+
     @property
     def symmetric(self) -> bool:
         return self.zeros is None
