@@ -680,7 +680,9 @@ def launch_gemm_kept(x2, qweight, scales, zeros, in_features, group_size, plan: 
     return _launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan, None, keep=True)
 
 
-_REPEAT_SLOTS = (0, 1, 2, 3, 4)  # x, qweight, scales, zeros, y of _TENSOR_ARGS: passed anew by each repeat
+# The tensors each repeat of a kept launch passes anew (the rest, the split-K scratch, stays bound)
+_REPEAT_SLOTS = tuple(_TENSOR_ARGS.index(name) for name in ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr"))
+_PART_SLOT = _TENSOR_ARGS.index("part_ptr")
 
 
 def _launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out, keep: bool):
@@ -691,8 +693,9 @@ def _launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan: Plan
     bound = run.kernel.bind(grid, tensors, ints, stream, _REPEAT_SLOTS) if keep else None
     if bound is None:
         return y, None
-    scratch = workspace_entry(x2.device, stream) if run.split_k > 1 or run.path == "streamk" else None
-    return y, RepeatGemm(bound, tuple(y.shape), y.dtype, y.device, scratch, tensors[5])
+    part = tensors[_PART_SLOT]  # y itself when the plan uses no split-K scratch (`_launch_arguments`)
+    scratch = None if part is y else workspace_entry(x2.device, stream)
+    return y, RepeatGemm(bound, tuple(y.shape), y.dtype, y.device, scratch, part)
 
 
 class RepeatGemm:

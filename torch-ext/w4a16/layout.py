@@ -35,7 +35,7 @@ Any BLOCK_N that is a multiple of 64 reads whole tiles.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -156,8 +156,9 @@ class W4A16Weight:
     in_features: int  # K
     out_features: int  # N
     group_size: int  # effective G (K for per-channel)
-    # Eager calls' kept launches per (M, dtype, stream, strict) (matmul.matmul_weight): a cache, not state.
-    repeat_launches: dict = field(default_factory=dict, compare=False, repr=False)
+    # Eager calls' kept launches per (M, dtype, stream, strict) (matmul.matmul_weight): a cache, not state,
+    # never passed in; every new weight (a copy, `dataclasses.replace`) starts with an empty one.
+    repeat_launches: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # Checked once here, so that calls on the weight check only the activations (the dataclass is
@@ -168,9 +169,9 @@ class W4A16Weight:
             raise ValueError(f"out_features={self.out_features} must equal scales.shape[1]={self.scales.shape[1]}")
 
     def __reduce__(self):
-        # Copies and pickles are made from the other fields: the kept launches are bound to this weight's
-        # own tensors and scratch (and hold compiled kernels), so a copy starts with none.
-        return type(self), (self.qweight, self.scales, self.zeros, self.perm, self.in_features, self.out_features, self.group_size)
+        # Copies and pickles are made from the constructor's fields: the kept launches are bound to this
+        # weight's own tensors and scratch (and hold compiled kernels), so a copy starts with none.
+        return type(self), tuple(getattr(self, f.name) for f in fields(self) if f.init)
 
     @property
     def symmetric(self) -> bool:
