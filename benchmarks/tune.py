@@ -105,6 +105,19 @@ def around_plan(kernel, plan, m: int):
         yield plan.path, _with_option(config, "ONE_TOKEN", not config.get("ONE_TOKEN", False), default=False)
 
 
+def with_incumbent(plan, pairs):
+    """The dispatcher's current plan for the call, then `pairs` without it: a full search then replaces an
+    entry only by a candidate that beats it in the same run, also where the entry carries options the
+    candidate list leaves to --around-plan (DOT_PARTS; maxnreg on Stream-K) or was borrowed from another
+    format's entries."""
+    incumbent = (plan.path, dict(plan.config))
+    if plan.path != "reference":
+        yield incumbent
+    for pair in pairs:
+        if pair != incumbent:
+            yield pair
+
+
 def _with_option(config: dict, key: str, value, default) -> dict:
     """config with `key` set to `value`; left out when that is the kernel's default, as tuned entries write it."""
     return {**{k: v for k, v in config.items() if k != key}, **({} if value == default else {key: value})}
@@ -168,7 +181,8 @@ def main() -> None:
             w0 = weights[0]
             reference = kernel.matmul.w4a16_matmul(x, w0.qweight, w0.scales, w0.zeros, w0.perm, k, g, path="dense").float()
             best = None
-            pairs = around_plan(kernel, kernel.plan_for(w0, m, dtype), m) if args.around_plan else candidates(m, n, k, sm_count)
+            current = kernel.plan_for(w0, m, dtype)
+            pairs = around_plan(kernel, current, m) if args.around_plan else with_incumbent(current, candidates(m, n, k, sm_count))
             for path, config in pairs:
                 try:
                     us = time_candidate(kernel, weights, x, k, g, path, config, reference)

@@ -77,6 +77,28 @@ def test_around_plan_toggles_only_the_options(w4a16, m):
 
 
 @pytest.mark.kernels_ci
+def test_full_search_times_the_incumbent_first(w4a16):
+    """A full search (no --around-plan) times the table's current plan first and each candidate once more
+    only if it differs, so an entry is replaced only by a plan that beat it in the same run (also one whose
+    DOT_PARTS the candidate list does not offer); the CPU reference plan is no incumbent."""
+    tune = _tune_module()
+    dispatch = w4a16.dispatch
+    cpu = torch.device("cpu")
+    candidates = list(tune.candidates(16, 4096, 4096, sm_count=132))
+    inside = candidates[3]
+    outside = (inside[0], {**inside[1], "DOT_PARTS": 4})  # an option the candidate list leaves out
+    for path, config, expected_first in [(*inside, inside), (*outside, outside)]:
+        plan = dispatch.plan_gemm(16, 4096, 4096, 128, torch.float16, cpu, path=path, config=config)
+        pairs = list(tune.with_incumbent(plan, iter(candidates)))
+        assert pairs[0] == (plan.path, plan.config) == expected_first
+        assert pairs.count(pairs[0]) == 1
+        assert pairs[1:] == [p for p in candidates if p != pairs[0]]
+    reference = dispatch.plan_gemm(16, 4096, 4096, 128, torch.float16, cpu)
+    assert reference.path == "reference"
+    assert list(tune.with_incumbent(reference, iter(candidates))) == candidates
+
+
+@pytest.mark.kernels_ci
 @pytest.mark.parametrize("m,variant", [(1, "base"), (16, "act_order"), (128, "bf16"), (4096, "base")])
 def test_sass_report_records_the_launch(w4a16, m, variant):
     """benchmarks/sass_report.py compiles what a GPU call would launch: its recording of a call names
