@@ -1,7 +1,10 @@
 """Act-order's gather of x on the GPU: torch's index_select / advanced indexing against the package's Triton
-gather (`gemm.gather_columns`), alone and in front of the base GEMM, GPU time in a CUDA graph (timing.py).
+gather (`gemm.gather_columns`), alone (against a plain copy of x, the bandwidth reference) at decode and
+prefill M, and in front of the base GEMM, GPU time in a CUDA graph (timing.py).
 
-    python benchmarks/probe_gather.py [--out benchmarks/results/h200_gather_probe.json]
+    python benchmarks/probe_gather.py [--m 1,16,64,256,1024] [--out benchmarks/results/h200_gather_probe.json]
+
+W4A16_SOURCE=<an older tree's package> times that tree's gather (timing.load_kernel).
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ import timing  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--m", default="1,16")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     kernel = timing.load_kernel()
     rows = []
     for k in (4096, 14336, 28672):
-        for m in (1, 16):
+        for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, k, device="cuda", dtype=torch.float16)
             perm = torch.randperm(k, device="cuda")
             assert torch.equal(kernel.gemm.gather_columns(x, perm), x.index_select(1, perm))

@@ -574,16 +574,29 @@ def _dequantize_kernel(
 
 
 @triton.jit
-def _gather_columns_kernel(x_ptr, perm_ptr, out_ptr, K, stride_xm, BLOCK_K: tl.constexpr):
+def _gather_columns_kernel(x_ptr, perm_ptr, out_ptr, M, K, stride_xm, cols_per_program, BLOCK_K: tl.constexpr, ROWS: tl.constexpr):
     """out[m, k] = x[m, perm[k]]: x [M, K] (row stride stride_xm, unit column stride), perm int64 [K]
-    (a permutation of 0..K-1), out contiguous [M, K] in x's dtype. Grid (M, cdiv(K, BLOCK_K)).
-    Replaces torch's index_select, which took 4.4-5.7 us per call in a CUDA graph on the H200 against
-    1.5-1.9 us for this kernel at M = 1 (NOTES v9)."""
-    m = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    mask = offs < K
-    src = tl.load(perm_ptr + offs, mask=mask, other=0)
-    tl.store(out_ptr + m * K + offs, tl.load(x_ptr + m * stride_xm + src, mask=mask), mask=mask)
+    (a permutation of 0..K-1), out contiguous [M, K] in x's dtype. Grid (cdiv(M, ROWS),
+    cdiv(K, cols_per_program)), cols_per_program a multiple of BLOCK_K: program (i, j) gathers rows
+    i * ROWS .. i * ROWS + ROWS - 1 over columns [j * cols_per_program, (j + 1) * cols_per_program) in
+    BLOCK_K steps, each perm load serving its ROWS rows.
+
+    The reads are scattered over the whole row, 2 bytes of each 32-byte sector. At M = 1 every column
+    block is its own program (latency: 1.5-1.9 us per call in a CUDA graph on the H200, against 4.4-5.7
+    for torch's index_select, NOTES v9). At larger M a program covers many column blocks of its rows,
+    so most sectors it reads are already in its SM's L1 (a row is 8-56 KB); with one program per
+    1024 columns and row, every element was a sector fetched from L2 (8B.down, M = 256: ~20 us, NOTES v15)."""
+    row0 = tl.program_id(0).to(tl.int64) * ROWS
+    start = tl.program_id(1) * cols_per_program
+    end = tl.minimum(start + cols_per_program, K)
+    for k0 in range(start, end, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        mask = offs < end
+        src = tl.load(perm_ptr + offs, mask=mask, other=0)
+        for r in tl.static_range(ROWS):
+            row_mask = mask & ((offs * 0 + row0 + r) < M)  # broadcast: the interpreter rejects a scalar mask term
+            values = tl.load(x_ptr + (row0 + r) * stride_xm + src, mask=row_mask)
+            tl.store(out_ptr + (row0 + r) * K + offs, values, mask=row_mask)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -774,16 +787,25 @@ def dequantize_native(qweight, scales, zeros, in_features: int, group_size: int,
 
 
 _GATHER_BLOCK_K = 1024
-# One prepared launch for every call: its constexprs and options never vary; what it keeps per
-# specialisation (the compiled kernel) is a cache like Triton's own, not a setting.
-_gather_columns = PreparedLaunch(_gather_columns_kernel, {"BLOCK_K": _GATHER_BLOCK_K}, {"num_warps": 4},
-                                 ("x_ptr", "perm_ptr", "out_ptr"), ("K", "stride_xm"))
+_GATHER_PROGRAMS = 256  # about two programs per SM: enough to cover latency, few enough to reuse L1
+# One prepared launch per row count (1 for M < 4, else 4 rows per perm load): constexprs and options
+# never vary; what each keeps per specialisation (the compiled kernel) is a cache like Triton's own.
+_gather_columns = {rows: PreparedLaunch(_gather_columns_kernel, {"BLOCK_K": _GATHER_BLOCK_K, "ROWS": rows}, {"num_warps": 4},
+                                        ("x_ptr", "perm_ptr", "out_ptr"), ("M", "K", "stride_xm", "cols_per_program"))
+                   for rows in (1, 4)}
 
 
 def gather_columns(x2: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """x2[:, perm] as a new contiguous [M, K] tensor (act-order), by one small Triton kernel."""
     m, k = x2.shape
     out = torch.empty((m, k), device=x2.device, dtype=x2.dtype)
-    _gather_columns((m, -(-k // _GATHER_BLOCK_K)), (x2, perm, out), (k, x2.stride(0)), current_stream(x2.device))
+    rows = 1 if m < 4 else 4
+    row_programs = -(-m // rows)
+    blocks = -(-k // _GATHER_BLOCK_K)
+    # split each row's column blocks over just enough programs to reach about _GATHER_PROGRAMS in all
+    splits = max(1, min(blocks, -(-_GATHER_PROGRAMS // row_programs)))
+    cols_per_program = -(-blocks // splits) * _GATHER_BLOCK_K
+    _gather_columns[rows]((row_programs, -(-k // cols_per_program)), (x2, perm, out), (m, k, x2.stride(0), cols_per_program),
+                          current_stream(x2.device))
     return out
 
