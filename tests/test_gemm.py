@@ -161,8 +161,8 @@ def test_shipped_tile_configs(w4a16, device, kernel_path, config, group_size, dt
 @pytest.mark.parametrize("m,k", [(1, 8), (3, 1000), (2, 2056), (5, 2056), (530, 3080)])
 def test_gather_columns_is_index_select(w4a16, device, m, k):
     """The act-order gather kernel: x[:, perm] exactly, for a strided x and K not a multiple of its block;
-    one row per program (M < 4) and four (M not a multiple of 4), with several column blocks per program
-    (M = 530: 133 row programs, two column blocks each, the last program's partly past K)."""
+    one row and column block per program (M < 256) and, at M = 530, four rows (the last program's partly
+    past M) over two column blocks per program (the last program's partly past K)."""
     if not triton_available(device):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     gen = torch.Generator().manual_seed(k)

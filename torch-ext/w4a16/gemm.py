@@ -581,11 +581,11 @@ def _gather_columns_kernel(x_ptr, perm_ptr, out_ptr, M, K, stride_xm, cols_per_p
     i * ROWS .. i * ROWS + ROWS - 1 over columns [j * cols_per_program, (j + 1) * cols_per_program) in
     BLOCK_K steps, each perm load serving its ROWS rows.
 
-    The reads are scattered over the whole row, 2 bytes of each 32-byte sector. At M = 1 every column
-    block is its own program (latency: 1.5-1.9 us per call in a CUDA graph on the H200, against 4.4-5.7
-    for torch's index_select, NOTES v9). At larger M a program covers many column blocks of its rows,
-    so most sectors it reads are already in its SM's L1 (a row is 8-56 KB); with one program per
-    1024 columns and row, every element was a sector fetched from L2 (8B.down, M = 256: ~20 us, NOTES v15)."""
+    The reads are scattered over the whole row, 2 bytes of each 32-byte sector. Below M = 256 every row
+    and column block is its own program (ROWS = 1: latency-bound, 1.7-2.1 us per call at M = 1 in a CUDA
+    graph on the H200, against 4.3-4.9 for torch's index_select). From M = 256 a program covers four
+    rows and several column blocks, so more of the sectors it reads are already in its SM's L1: 10-28%
+    faster there for K <= 14336, a tie at K = 28672, but 40-80% slower at M = 16 (NOTES v15)."""
     row0 = tl.program_id(0).to(tl.int64) * ROWS
     start = tl.program_id(1) * cols_per_program
     end = tl.minimum(start + cols_per_program, K)
@@ -787,9 +787,10 @@ def dequantize_native(qweight, scales, zeros, in_features: int, group_size: int,
 
 
 _GATHER_BLOCK_K = 1024
-_GATHER_PROGRAMS = 256  # about two programs per SM: enough to cover latency, few enough to reuse L1
-# One prepared launch per row count (1 for M < 4, else 4 rows per perm load): constexprs and options
-# never vary; what each keeps per specialisation (the compiled kernel) is a cache like Triton's own.
+_GATHER_WIDE_M = 256  # from this M a program gathers 4 rows over several column blocks (H200 probe, NOTES v15)
+_GATHER_PROGRAMS = 256  # ... split over about this many programs
+# One prepared launch per row count: constexprs and options never vary; what each keeps per
+# specialisation (the compiled kernel) is a cache like Triton's own, not a setting.
 _gather_columns = {rows: PreparedLaunch(_gather_columns_kernel, {"BLOCK_K": _GATHER_BLOCK_K, "ROWS": rows}, {"num_warps": 4},
                                         ("x_ptr", "perm_ptr", "out_ptr"), ("M", "K", "stride_xm", "cols_per_program"))
                    for rows in (1, 4)}
@@ -799,13 +800,13 @@ def gather_columns(x2: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """x2[:, perm] as a new contiguous [M, K] tensor (act-order), by one small Triton kernel."""
     m, k = x2.shape
     out = torch.empty((m, k), device=x2.device, dtype=x2.dtype)
-    rows = 1 if m < 4 else 4
-    row_programs = -(-m // rows)
-    blocks = -(-k // _GATHER_BLOCK_K)
-    # split each row's column blocks over just enough programs to reach about _GATHER_PROGRAMS in all
-    splits = max(1, min(blocks, -(-_GATHER_PROGRAMS // row_programs)))
-    cols_per_program = -(-blocks // splits) * _GATHER_BLOCK_K
-    _gather_columns[rows]((row_programs, -(-k // cols_per_program)), (x2, perm, out), (m, k, x2.stride(0), cols_per_program),
+    if m < _GATHER_WIDE_M:  # latency-bound sizes: one program per row and column block
+        rows, cols_per_program = 1, _GATHER_BLOCK_K
+    else:
+        rows, blocks = 4, -(-k // _GATHER_BLOCK_K)
+        splits = max(1, min(blocks, -(-_GATHER_PROGRAMS // -(-m // rows))))
+        cols_per_program = -(-blocks // splits) * _GATHER_BLOCK_K
+    _gather_columns[rows]((-(-m // rows), -(-k // cols_per_program)), (x2, perm, out), (m, k, x2.stride(0), cols_per_program),
                           current_stream(x2.device))
     return out
 
