@@ -574,29 +574,26 @@ def _dequantize_kernel(
 
 
 @triton.jit
-def _gather_columns_kernel(x_ptr, perm_ptr, out_ptr, M, K, stride_xm, cols_per_program, BLOCK_K: tl.constexpr, ROWS: tl.constexpr):
+def _gather_columns_kernel(x_ptr, perm_ptr, out_ptr, K, stride_xm, cols_per_program, BLOCK_K: tl.constexpr):
     """out[m, k] = x[m, perm[k]]: x [M, K] (row stride stride_xm, unit column stride), perm int64 [K]
-    (a permutation of 0..K-1), out contiguous [M, K] in x's dtype. Grid (cdiv(M, ROWS),
-    cdiv(K, cols_per_program)), cols_per_program a multiple of BLOCK_K: program (i, j) gathers rows
-    i * ROWS .. i * ROWS + ROWS - 1 over columns [j * cols_per_program, (j + 1) * cols_per_program) in
-    BLOCK_K steps, each perm load serving its ROWS rows.
+    (a permutation of 0..K-1), out contiguous [M, K] in x's dtype. Grid (M, cdiv(K, cols_per_program)),
+    cols_per_program a multiple of BLOCK_K: program (m, j) gathers row m over columns
+    [j * cols_per_program, (j + 1) * cols_per_program) in BLOCK_K steps.
 
-    The reads are scattered over the whole row, 2 bytes of each 32-byte sector. Below M = 256 every row
-    and column block is its own program (ROWS = 1: latency-bound, 1.7-2.1 us per call at M = 1 in a CUDA
-    graph on the H200, against 4.3-4.9 for torch's index_select). From M = 256 a program covers four
-    rows and several column blocks, so more of the sectors it reads are already in its SM's L1: 10-28%
-    faster there for K <= 14336, a tie at K = 28672, but 40-80% slower at M = 16 (NOTES v15)."""
-    row0 = tl.program_id(0).to(tl.int64) * ROWS
+    The reads are scattered over the whole row, 2 bytes of each 32-byte sector. Small M (decode) is
+    latency-bound: one program per 1024 columns (1.7-2.1 us per call at M = 1 in a CUDA graph on the H200,
+    against 4.3-4.9 for torch's index_select). Large M is bound by those sector fetches: one program
+    per whole row with many warps (few programs per SM), so the row (8-56 KB) stays in the SM's L1
+    and each sector comes from L2 about once; perm is read past L1 (.cg) so that it does not evict
+    the row (NOTES v15)."""
+    m = tl.program_id(0).to(tl.int64)
     start = tl.program_id(1) * cols_per_program
     end = tl.minimum(start + cols_per_program, K)
     for k0 in range(start, end, BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         mask = offs < end
-        src = tl.load(perm_ptr + offs, mask=mask, other=0)
-        for r in tl.static_range(ROWS):
-            row_mask = mask & ((offs * 0 + row0 + r) < M)  # broadcast: the interpreter rejects a scalar mask term
-            values = tl.load(x_ptr + (row0 + r) * stride_xm + src, mask=row_mask)
-            tl.store(out_ptr + (row0 + r) * K + offs, values, mask=row_mask)
+        src = tl.load(perm_ptr + offs, mask=mask, other=0, cache_modifier=".cg")
+        tl.store(out_ptr + m * K + offs, tl.load(x_ptr + m * stride_xm + src, mask=mask), mask=mask)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -786,27 +783,24 @@ def dequantize_native(qweight, scales, zeros, in_features: int, group_size: int,
     return w
 
 
-_GATHER_BLOCK_K = 1024
-_GATHER_WIDE_M = 256  # from this M a program gathers 4 rows over several column blocks (H200 probe, NOTES v15)
-_GATHER_PROGRAMS = 256  # ... split over about this many programs
-# One prepared launch per row count: constexprs and options never vary; what each keeps per
-# specialisation (the compiled kernel) is a cache like Triton's own, not a setting.
-_gather_columns = {rows: PreparedLaunch(_gather_columns_kernel, {"BLOCK_K": _GATHER_BLOCK_K, "ROWS": rows}, {"num_warps": 4},
-                                        ("x_ptr", "perm_ptr", "out_ptr"), ("M", "K", "stride_xm", "cols_per_program"))
-                   for rows in (1, 4)}
+_GATHER_WHOLE_ROWS_M = 256  # from this M one program per whole row (NOTES v15)
+# One prepared launch per form (constexprs and options never vary; what each keeps per specialisation,
+# the compiled kernel, is a cache like Triton's own): 1024-column programs of 4 warps for small M;
+# whole-row programs of 32 warps (two per SM: at most two rows of x in an SM's L1) for large M.
+_GATHER_BLOCKS = {"columns": (1024, 4), "rows": (4096, 32)}
+_gather_columns = {form: PreparedLaunch(_gather_columns_kernel, {"BLOCK_K": block}, {"num_warps": warps},
+                                        ("x_ptr", "perm_ptr", "out_ptr"), ("K", "stride_xm", "cols_per_program"))
+                   for form, (block, warps) in _GATHER_BLOCKS.items()}
 
 
 def gather_columns(x2: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """x2[:, perm] as a new contiguous [M, K] tensor (act-order), by one small Triton kernel."""
     m, k = x2.shape
     out = torch.empty((m, k), device=x2.device, dtype=x2.dtype)
-    if m < _GATHER_WIDE_M:  # latency-bound sizes: one program per row and column block
-        rows, cols_per_program = 1, _GATHER_BLOCK_K
-    else:
-        rows, blocks = 4, -(-k // _GATHER_BLOCK_K)
-        splits = max(1, min(blocks, -(-_GATHER_PROGRAMS // -(-m // rows))))
-        cols_per_program = -(-blocks // splits) * _GATHER_BLOCK_K
-    _gather_columns[rows]((-(-m // rows), -(-k // cols_per_program)), (x2, perm, out), (m, k, x2.stride(0), cols_per_program),
+    form = "rows" if m >= _GATHER_WHOLE_ROWS_M else "columns"
+    block = _GATHER_BLOCKS[form][0]
+    cols_per_program = -(-k // block) * block if form == "rows" else block
+    _gather_columns[form]((m, -(-k // cols_per_program)), (x2, perm, out), (k, x2.stride(0), cols_per_program),
                           current_stream(x2.device))
     return out
 
