@@ -135,7 +135,9 @@ def _heuristic(m: int, n: int, k: int, sm_count: int) -> Plan:
     split = _split_for(tiles, k_blocks, sm_count)
     if split > 1:
         path = "splitk"
-    # On the H200 the fold wins at M <= 32 and scale-in-operand above (benchmarks/NOTES.md, v4).
+    # The fold at M <= 32, scale-in-operand above: the H200's split at the time of v4 (benchmarks/NOTES.md). Since
+    # the uint8-zero kernels the H200's decode entries are mostly scale-in-operand at BLOCK_N = 128 (v15); at this
+    # BLOCK_N = 64 scale-in-operand would re-lay the operand out through shared memory, so the fold stays here.
     cfg = {"BLOCK_N": block_n, "BLOCK_M": block_m, "SPLIT_K": split, "num_warps": 4, "num_stages": 3, "SCALE_IN_OPERAND": m > 32}
     return Plan(path, cfg, "heuristic")
 
