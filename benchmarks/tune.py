@@ -195,7 +195,8 @@ def main() -> None:
             if best is None:
                 continue
             us, path, config = best
-            entries.append({"N": n, "K": k, "M": m, **fmt, "path": path, **config, "us": round(us, 2)})
+            # tuned_at: the tree the entry was measured on, so an entry older than a kernel change shows
+            entries.append({"N": n, "K": k, "M": m, **fmt, "path": path, **config, "us": round(us, 2), "tuned_at": info["commit"]})
             print(f"{shape['name']:12s} {args.variant:5s} M={m:5d} best {path:7s} {config} {us:8.2f} us", flush=True)
             # after every entry: a run cut short by its time limit keeps everything it decided
             write_table(args, info, table_group_size, merged(kept, entries), log)
@@ -217,7 +218,9 @@ def merged(kept: list, entries: list) -> list:
 def write_table(args, info, group_size, entries, log) -> None:
     """Written after every entry, so a run cut short still leaves what it measured."""
     table = {
-        "about": "Fastest measured path and launch configuration per (N, K, M bucket); regenerate with benchmarks/tune.py.",
+        "about": ("Fastest measured path and launch configuration per (N, K, M bucket); regenerate with benchmarks/tune.py. "
+                  "`tuned_at`: the commit of the tree an entry was measured on (entries without it predate the field; "
+                  "their searches are in benchmarks/results/logs/h200_tune_*)."),
         "applies_to": ["H200", "H100"],
         "measured_on": info,
         "group_size": group_size,

@@ -8,6 +8,7 @@ without the package's dequantize.
 
 import dataclasses
 import os
+import re
 
 import pytest
 import torch
@@ -403,8 +404,12 @@ def test_dispatch_plans(w4a16):
     assert {r["M"] for r in rows} >= {1, 16} and all(r["path"] in dispatch.PATHS for r in rows)
     assert dispatch.load_tuned_table("Some Other GPU") is None
     # every tuned entry names only launch keys the launcher knows, and both scale modes are in use
-    known = set(dispatch.CONFIG_KEYS) | {"N", "K", "M", "path", "us", "note"}  # note: free text on an entry
+    # note: free text on an entry; tuned_at: the commit the entry was measured on (newer entries)
+    known = set(dispatch.CONFIG_KEYS) | {"N", "K", "M", "path", "us", "note", "tuned_at"}
     assert all(set(r) <= known for rows in table.values() for r in rows)
+    stamps = [r["tuned_at"] for rows in table.values() for r in rows if "tuned_at" in r]
+    stamps += [r["tuned_at"] for rows in by_format.values() for r in rows.values() if "tuned_at" in r]
+    assert stamps and all(re.fullmatch(r"[0-9a-f]{7,40}", c) for c in stamps), sorted(set(stamps))
     assert all(set(r) <= known | {"dtype", "group_size", "symmetric", "act_order"} for rows in by_format.values() for r in rows.values())
     modes = {r.get("SCALE_IN_OPERAND") for rows in table.values() for r in rows if r["path"] in ("splitk", "tiled")}
     assert modes == {True, False}
