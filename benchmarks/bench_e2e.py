@@ -69,6 +69,19 @@ class Block(nn.Module):
         return x + self.down(F.silu(gate) * up)
 
 
+def rope_tables(cfg, max_seq):
+    """RoPE cos / sin [max_seq, head_dim / 2] for cfg's head size and theta."""
+    hd = cfg["dim"] // cfg["heads"]
+    inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, hd, 2).float() / hd))
+    ang = torch.outer(torch.arange(max_seq).float(), inv)
+    return ang.cos(), ang.sin()
+
+
+def decode_mask(positions, pos):
+    """The attention mask of one decode step at position `pos` over a cache of len(positions) slots."""
+    return (positions <= pos).view(1, 1, 1, -1)
+
+
 def rope(x, cos, sin):
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
@@ -81,18 +94,16 @@ class Decoder(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, batch, max_seq) for _ in range(cfg["layers"]))
         self.norm = RMSNorm(cfg["dim"])
         self.lm_head = nn.Linear(cfg["dim"], cfg["vocab"], bias=False)
-        hd = cfg["dim"] // cfg["heads"]
-        inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, hd, 2).float() / hd))
-        ang = torch.outer(torch.arange(max_seq).float(), inv)
-        self.register_buffer("cos", ang.cos(), persistent=False)
-        self.register_buffer("sin", ang.sin(), persistent=False)
+        cos, sin = rope_tables(cfg, max_seq)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
         self.register_buffer("positions", torch.arange(max_seq), persistent=False)
 
     def forward(self, tokens, pos):
         """One decode step: tokens [B, 1], pos int64 [1] (device tensor: graph-safe)."""
         x = self.embed(tokens)
         cos, sin = self.cos[pos].to(x.dtype), self.sin[pos].to(x.dtype)
-        mask = (self.positions <= pos).view(1, 1, 1, -1)
+        mask = decode_mask(self.positions, pos)
         for block in self.blocks:
             x = block(x, pos, cos, sin, mask)
         return self.lm_head(self.norm(x)).float()

@@ -18,9 +18,9 @@ numbers are the quantization's, not fp16 rounding's; the kernels compute the deq
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,12 +31,6 @@ import bench_e2e  # noqa: E402
 import timing  # noqa: E402
 
 
-def _commit() -> str:
-    """This tree's commit (timing.machine_info asks the GPU for its name; this runs without one)."""
-    head = subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[1]), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return head.stdout.strip() or "unknown"
-
-
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
@@ -44,8 +38,6 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def rounded_to_4_bits(kernel, block: torch.nn.Module, group_size: int) -> tuple[torch.nn.Module, float]:
     """A copy of `block` whose linear weights are quantized and dequantized by the package (plain torch);
     returns it and the relative error of all its linear weights together."""
-    import copy
-
     quantized = copy.deepcopy(block)
     num = den = 0.0
     for name, module in quantized.named_modules():
@@ -71,12 +63,10 @@ def main() -> None:
     kernel = timing.load_kernel()
     cfg = bench_e2e.LLAMA3_8B
     max_seq = args.context + 8
-    hd = cfg["dim"] // cfg["heads"]
-    inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, hd, 2).float() / hd))
-    ang = torch.outer(torch.arange(max_seq).float(), inv)
+    cos_table, sin_table = bench_e2e.rope_tables(cfg, max_seq)
     pos = torch.tensor([args.context])
-    cos, sin = ang.cos()[pos], ang.sin()[pos]
-    mask = (torch.arange(max_seq) <= pos).view(1, 1, 1, -1)
+    cos, sin = cos_table[pos], sin_table[pos]
+    mask = bench_e2e.decode_mask(torch.arange(max_seq), pos)
 
     x_ref = torch.randn(args.batch, 1, cfg["dim"]) * 0.02  # embedding rows, as bench_e2e initialises them
     x_w4 = x_ref.clone()
@@ -116,7 +106,7 @@ def main() -> None:
     if args.out:
         result = {"about": "benchmarks/quality_by_depth.py on the CPU (float32): bench_e2e's random Llama-3-8B-shaped blocks, "
                            "each linear weight rounded to 4 bits (group 128, asymmetric) by the package's quantizer",
-                  "torch": torch.__version__, "commit": _commit(), "date": datetime.date.today().isoformat(), "layers": args.layers,
+                  "torch": torch.__version__, "commit": timing.tree_commit(), "date": datetime.date.today().isoformat(), "layers": args.layers,
                   "batch": args.batch, "context": args.context, "group_size": args.group_size, "rows": rows, "logits": logits}
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
 

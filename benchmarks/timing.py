@@ -165,24 +165,28 @@ def f16_bytes(n: int, k: int, m: int) -> int:
     return n * k * 2 + m * k * 2 + m * n * 2
 
 
+def tree_commit() -> str:
+    """The commit results are labelled with: W4A16_COMMIT when set (scripts/gpu_session.sh: the device
+    machine's copy of the tree carries a git directory whose status is not reliable there; the session
+    marks what it changed itself, a tune step), else this tree's HEAD, "-dirty" with uncommitted changes."""
+    if "W4A16_COMMIT" in os.environ:
+        return os.environ["W4A16_COMMIT"]
+    try:
+        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip())
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("-dirty" if dirty else "")
+
+
 def machine_info() -> dict:
     import triton
 
-    if "W4A16_COMMIT" in os.environ:
-        # Set by scripts/gpu_session.sh: the device machine's copy of the tree carries a git directory
-        # whose status is not reliable there; the session marks what it changed itself (a tune step).
-        commit, dirty = os.environ["W4A16_COMMIT"], False
-    else:
-        try:
-            commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-            dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip())
-        except (OSError, subprocess.CalledProcessError):
-            commit, dirty = "unknown", False
     return {
         "gpu": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "cuda": torch.version.cuda,
-        "commit": commit + ("-dirty" if dirty else ""),
+        "commit": tree_commit(),
         "date": datetime.date.today().isoformat(),
     }
