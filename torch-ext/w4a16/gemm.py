@@ -31,6 +31,8 @@ Kernels:
 - `_w4a16_gemv_kernel`: CUDA cores (fp32 FMA) for tiny M, split-K (the H200 table does not pick it;
   `benchmarks/tune.py` considers it for M <= 2 on every GPU).
 - `_dequantize_kernel`: writes the fp16/bf16 weight [N, K] for the dense (cuBLAS) prefill path.
+- `_gather_columns_kernel`: act-order's x[:, perm] before the GEMM (per 1024 columns at small M, per whole
+  row from M = 256).
 
 Split-K reduction: each split writes its fp32 partial tile to a workspace; a per-tile arrival counter
 (atomic) elects the last split, which sums the partials in split order (deterministic) and writes y,
