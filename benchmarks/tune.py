@@ -89,10 +89,11 @@ def candidates(m: int, n: int, k: int, sm_count: int):
         yield "dense", {}
 
 
-def around_plan(kernel, plan, m: int):
+def around_plan(kernel, plan, m: int, act_order: bool = False):
     """`--around-plan`: the dispatcher's current plan for the call as it is, then with one option changed
-    at a time (tensor-core plans): DOT_PARTS set to each other value of 1, 2, 4, 8, and at M = 1 (fold
-    plans) ONE_TOKEN flipped. Decides the options in a few timings where a full search would take
+    at a time (tensor-core plans): DOT_PARTS set to each other value of 1, 2, 4, 8, at M = 1 (fold
+    plans) ONE_TOKEN flipped, and for act-order GATHER_PDL flipped (the GEMM launched as a programmatic
+    dependent of the gather of x). Decides the options in a few timings where a full search would take
     minutes per shape."""
     config = dict(plan.config)
     yield plan.path, config
@@ -103,6 +104,8 @@ def around_plan(kernel, plan, m: int):
             yield plan.path, _with_option(config, "DOT_PARTS", parts, default=1)
     if m == 1 and not config.get("SCALE_IN_OPERAND", False):
         yield plan.path, _with_option(config, "ONE_TOKEN", not config.get("ONE_TOKEN", False), default=False)
+    if act_order:
+        yield plan.path, _with_option(config, "GATHER_PDL", not config.get("GATHER_PDL", False), default=False)
 
 
 def with_incumbent(plan, pairs):
@@ -182,7 +185,7 @@ def main() -> None:
             reference = kernel.matmul.w4a16_matmul(x, w0.qweight, w0.scales, w0.zeros, w0.perm, k, g, path="dense").float()
             best = None
             current = kernel.plan_for(w0, m, dtype)
-            pairs = around_plan(kernel, current, m) if args.around_plan else with_incumbent(current, candidates(m, n, k, sm_count))
+            pairs = around_plan(kernel, current, m, act_order) if args.around_plan else with_incumbent(current, candidates(m, n, k, sm_count))
             for path, config in pairs:
                 try:
                     us = time_candidate(kernel, weights, x, k, g, path, config, reference)

@@ -465,6 +465,44 @@ def test_split_k_counters_are_reused_clean(w4a16, device):
     assert fresh.numel() == launch.COUNTER_SLOT + 1 and int(fresh.abs().sum()) == 0
 
 
+@pytest.mark.parametrize("path", ["splitk", "streamk", "tiled"])
+def test_act_order_gemm_launched_after_its_gather(w4a16, device, path):
+    """GATHER_PDL (a tuned option of act-order entries): on sm_90+ the GEMM is a programmatic dependent
+    of the gather (its programs wait for the gather's x before loading it); elsewhere (the interpreter,
+    AMD, older GPUs) the option is ignored. Back-to-back calls and, on CUDA, replays of a CUDA graph
+    (programmatic edges in the graph), against the float64 reference; M = 300 takes the whole-row gather."""
+    cuda = device == "cuda"
+    weight, ref = random_layer(w4a16, 512 if cuda else 256, 96 if cuda else 40, 64, False, torch.float16, device, act_order=True,
+                               seed=21)
+    assert weight.perm is not None
+    capable = cuda and torch.cuda.get_device_capability()[0] >= 9
+    assert w4a16.gemm.programmatic_launch(torch.device(device)) == capable
+    config = {"GATHER_PDL": True}
+
+    def call(x):
+        return w4a16.matmul.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features,
+                                         weight.group_size, path=path, config=config)
+
+    def check(xs, ys, what):
+        for x, y in zip(xs, ys):
+            expected = x.double() @ ref
+            assert float((y.double() - expected).norm() / expected.norm()) < TOL[torch.float16], (x.shape[0], path, what)
+
+    for m in ((1, 3, 16, 64, 300) if cuda else (1, 33)):
+        xs = [torch.randn(m, ref.shape[0], device=device, dtype=torch.float16) for _ in range(4 if cuda else 2)]
+        check(xs, [call(x) for x in xs], "back to back on one stream")
+        if not cuda:
+            continue
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = [call(x) for x in xs]
+        for x in xs:
+            x.copy_(torch.randn_like(x))
+        graph.replay()
+        graph.replay()
+        check(xs, captured, "graph")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_cuda_graph_capture_of_op(w4a16):
     weight, ref = random_layer(w4a16, 512, 96, 128, False, torch.float16, "cuda", seed=8)

@@ -46,11 +46,12 @@ def test_candidates_are_accepted_configs(w4a16, m, n, k):
 
 
 @pytest.mark.kernels_ci
+@pytest.mark.parametrize("act_order", [False, True])
 @pytest.mark.parametrize("m", [1, 16, 128])
-def test_around_plan_toggles_only_the_options(w4a16, m):
+def test_around_plan_toggles_only_the_options(w4a16, m, act_order):
     """`tune.py --around-plan`: the plan's own configuration first, then (tensor-core plans) the same with
-    DOT_PARTS set to each other value and, at M = 1 on fold plans, ONE_TOKEN flipped: one option changed
-    per candidate, each a configuration the package accepts."""
+    DOT_PARTS set to each other value, at M = 1 on fold plans ONE_TOKEN flipped and for act-order
+    GATHER_PDL flipped: one option changed per candidate, each a configuration the package accepts."""
     tune = _tune_module()
     dispatch = w4a16.dispatch
     cpu = torch.device("cpu")
@@ -60,14 +61,15 @@ def test_around_plan_toggles_only_the_options(w4a16, m):
                          ("gemv", {"BLOCK_N": 128, "BLOCK_M": 1, "SPLIT_K": 8, "num_warps": 4, "num_stages": 3}),
                          ("dense", {})]:
         plan = dispatch.plan_gemm(m, 4096, 4096, 128, torch.float16, cpu, path=path, config=config)
-        pairs = list(tune.around_plan(w4a16, plan, m))
+        pairs = list(tune.around_plan(w4a16, plan, m, act_order))
         assert pairs[0] == (path, plan.config)
         tensor_core = path in dispatch.TENSOR_CORE_PATHS
         fold = tensor_core and not plan.config.get("SCALE_IN_OPERAND", False)
-        assert len(pairs) == 1 + 3 * tensor_core + (m == 1 and fold), pairs
+        assert len(pairs) == 1 + tensor_core * (3 + (m == 1 and fold) + act_order), pairs
         if tensor_core:
             assert sorted(c.get("DOT_PARTS", 1) for _, c in pairs[:4]) == [1, 2, 4, 8]
-        defaults = {"ONE_TOKEN": False, "DOT_PARTS": 1}  # what a config without the key means
+        assert any(c.get("GATHER_PDL") for _, c in pairs) == (tensor_core and act_order)
+        defaults = {"ONE_TOKEN": False, "DOT_PARTS": 1, "GATHER_PDL": False}  # what a config without the key means
         for p, c in pairs[1:]:
             assert p == path
             assert {k: v for k, v in c.items() if k not in defaults} == {k: v for k, v in plan.config.items() if k not in defaults}

@@ -143,7 +143,7 @@ def _heuristic(m: int, n: int, k: int, sm_count: int) -> Plan:
 
 
 CONFIG_KEYS = ("BLOCK_N", "BLOCK_M", "SPLIT_K", "PROGRAMS", "num_warps", "num_stages", "maxnreg", "SCALE_IN_OPERAND", "ONE_TOKEN",
-               "DOT_PARTS")
+               "DOT_PARTS", "GATHER_PDL")
 
 
 def _forced(path: str, m: int, n: int, k: int, config: dict | None = None) -> Plan:

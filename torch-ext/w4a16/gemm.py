@@ -41,11 +41,13 @@ then resets the counter to zero (so `launch.split_k_scratch` can hand the same c
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .dequant import (MAGIC_PAIR, MAGIC_VALUE, concat_k, concat_slices, dequantize_pairs, magic_pairs, operand_part, pack_pair,
                       row_of, uint_as_float, unpack_slices)
@@ -372,6 +374,7 @@ def _w4a16_tc_kernel(
     ONE_TOKEN: tl.constexpr,  # M == 1: the fold's x sums from one row (see _tile_accumulate)
     PER_CHANNEL: tl.constexpr,  # G == K: fold once after the loop (see _tile_accumulate)
     DOT_PARTS: tl.constexpr,  # 1, 2, 4 or 8: each dot as chained parts of <= 128 / DOT_PARTS rows
+    WAIT_PRIOR: tl.constexpr,  # launched programmatically after act-order's gather: wait for it before any load
 ):
     """y[M, N] = x[M, K] @ W[K, N] with W in the kernel-native layout, on tensor cores.
 
@@ -402,6 +405,8 @@ def _w4a16_tc_kernel(
     MAGIC_PAIR = the magic bits of x's dtype in both 16-bit halves. The weight and x^T tiles are only
     used by the dot, which lets Triton's software pipeliner stream both with asynchronous copies.
     """
+    if WAIT_PRIOR:
+        gdc_wait()
     block_start, block_end = _split_range(tl.cdiv(K, 128), SPLIT_K)
     acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
         x_ptr, qw_ptr, s_ptr, z_ptr, tl.program_id(0), tl.program_id(1), block_start, block_end, M, N, K,
@@ -418,7 +423,7 @@ def _w4a16_streamk_kernel(
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, ONE_TOKEN: tl.constexpr,
-    PER_CHANNEL: tl.constexpr, DOT_PARTS: tl.constexpr,
+    PER_CHANNEL: tl.constexpr, DOT_PARTS: tl.constexpr, WAIT_PRIOR: tl.constexpr,
 ):
     """Stream-K form of `_w4a16_tc_kernel`: a persistent grid (P,) shares the work evenly.
 
@@ -432,6 +437,8 @@ def _w4a16_streamk_kernel(
     program order (deterministic), writes y and resets the counter. Assumes P <= T (no program
     without work: a tile's contributors are then the consecutive programs first..last) and T * P < 2**31.
     """
+    if WAIT_PRIOR:
+        gdc_wait()
     kb = tl.cdiv(K, 128)
     tiles_n = tl.cdiv(N, BLOCK_N)
     total = tiles_n * tl.cdiv(M, BLOCK_M) * kb
@@ -576,7 +583,8 @@ def _dequantize_kernel(
 
 
 @triton.jit
-def _gather_columns_kernel(x_ptr, perm_ptr, out_ptr, K, stride_xm, cols_per_program, BLOCK_K: tl.constexpr):
+def _gather_columns_kernel(x_ptr, perm_ptr, out_ptr, K, stride_xm, cols_per_program, BLOCK_K: tl.constexpr,
+                           LAUNCH_DEPENDENTS: tl.constexpr):
     """out[m, k] = x[m, perm[k]]: x [M, K] (row stride stride_xm, unit column stride), perm int64 [K]
     (a permutation of 0..K-1), out contiguous [M, K] in x's dtype. Grid (M, cdiv(K, cols_per_program)),
     cols_per_program a multiple of BLOCK_K: program (m, j) gathers row m over columns
@@ -587,7 +595,10 @@ def _gather_columns_kernel(x_ptr, perm_ptr, out_ptr, K, stride_xm, cols_per_prog
     against 4.3-4.9 for torch's index_select). Large M is bound by those sector fetches: one program
     per whole row with many warps (few programs per SM), so the row (8-56 KB) stays in the SM's L1
     and each sector comes from L2 about once; perm is read past L1 (.cg) so that it does not evict
-    the row (NOTES v15)."""
+    the row (NOTES v15). LAUNCH_DEPENDENTS (NVIDIA, programmatic dependent launch): the GEMM launched after it
+    may start its programs at once; they wait (`WAIT_PRIOR`) for this kernel's writes before reading x."""
+    if LAUNCH_DEPENDENTS:
+        gdc_launch_dependents()
     m = tl.program_id(0).to(tl.int64)
     start = tl.program_id(1) * cols_per_program
     end = tl.minimum(start + cols_per_program, K)
@@ -634,17 +645,17 @@ _CALL_INTS = ("M", "N", "K", "stride_xm", "stride_ym")  # the int arguments ever
 
 
 def _matmul_launch(plan: Plan, dtype: torch.dtype, device_type: str, symmetric: bool, in_features: int, group_size: int,
-                   one_token: bool) -> _MatmulLaunch:
+                   one_token: bool, after_gather: bool = False) -> _MatmulLaunch:
     """The prepared launch of `plan` for this format (and ONE_TOKEN used or not), kept in `plan.launches`
     (a forced plan, made afresh per call by tests and benchmarks, is prepared afresh too)."""
-    fmt = (dtype, device_type, symmetric, in_features, group_size, one_token)
+    fmt = (dtype, device_type, symmetric, in_features, group_size, one_token, after_gather)
     prepared = plan.launches.get(fmt)
     if prepared is None:
         prepared = plan.launches[fmt] = _prepare_matmul_launch(plan, *fmt)
     return prepared
 
 
-def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_features, group_size, one_token) -> _MatmulLaunch:
+def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_features, group_size, one_token, after_gather) -> _MatmulLaunch:
     cfg = plan.config
     block_n, block_m, split_k = cfg["BLOCK_N"], cfg["BLOCK_M"], cfg.get("SPLIT_K", 1)
     dot_parts = cfg.get("DOT_PARTS", 1)
@@ -655,6 +666,8 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
     options = dict(num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))
     if cfg.get("maxnreg"):  # a register cap buys occupancy (more CTAs per SM) where it does not spill
         options["maxnreg"] = cfg["maxnreg"]
+    if after_gather:  # act-order on sm_90+: a programmatic dependent of the gather (WAIT_PRIOR)
+        options["launch_pdl"] = True
 
     def prepared(kernel, kernel_constexprs: dict, fixed: dict, programs: int = 0) -> _MatmulLaunch:
         # the int arguments fixed for this plan and format, named and valued in one place
@@ -673,6 +686,7 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
         ONE_TOKEN=one_token and not cfg.get("SCALE_IN_OPERAND", False),  # only the fold sums x
         PER_CHANNEL=group_size == in_features,  # one group: the fold runs once per tile, after the loop
         DOT_PARTS=dot_parts,
+        WAIT_PRIOR=after_gather,
     )
     num_groups = in_features // group_size
     if plan.path == "streamk":
@@ -680,10 +694,11 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
     return prepared(_w4a16_tc_kernel, dict(tensor_core, IS_SPLIT=split_k > 1), dict(num_groups=num_groups, SPLIT_K=split_k))
 
 
-def launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out=None) -> torch.Tensor:
+def launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out=None, after_gather: bool = False) -> torch.Tensor:
     """Launch the GEMV, tensor-core or Stream-K kernel of `plan` on x2 [M, K] (for act-order weights:
-    x already permuted, `gather_columns`)."""
-    return _launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan, out, keep=False)[0]
+    x already permuted, `gather_columns`; `after_gather`: launched as a programmatic dependent of that
+    gather, a tensor-core path on sm_90+ only, see `programmatic_launch`)."""
+    return _launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan, out, keep=False, after_gather=after_gather)[0]
 
 
 def launch_gemm_kept(x2, qweight, scales, zeros, in_features, group_size, plan: Plan) -> tuple[torch.Tensor, RepeatGemm | None]:
@@ -697,10 +712,10 @@ _REPEAT_SLOTS = tuple(_TENSOR_ARGS.index(name) for name in ("x_ptr", "qw_ptr", "
 _PART_SLOT = _TENSOR_ARGS.index("part_ptr")
 
 
-def _launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out, keep: bool):
+def _launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out, keep: bool, after_gather: bool = False):
     stream = current_stream(x2.device)
     run, grid, tensors, ints, y = _launch_arguments(x2, qweight, scales, zeros, in_features, group_size, plan, out, stream,
-                                                    x2.device.type)
+                                                    x2.device.type, after_gather)
     run.kernel(grid, tensors, ints, stream)
     bound = run.kernel.bind(grid, tensors, ints, stream, _REPEAT_SLOTS) if keep else None
     if bound is None:
@@ -742,7 +757,8 @@ class RepeatGemm:
         return y
 
 
-def _launch_arguments(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out, stream: int, device_type: str):
+def _launch_arguments(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out, stream: int, device_type: str,
+                      after_gather: bool = False):
     """Everything `launch_gemm` hands the prepared kernel: (prepared launch, grid, tensors, ints, y).
     `device_type` picks the constexprs (benchmarks/sass_report.py asks for "cuda" on CPU tensors)."""
     m, k = x2.shape
@@ -750,7 +766,7 @@ def _launch_arguments(x2, qweight, scales, zeros, in_features, group_size, plan:
     device = x2.device
     # ONE_TOKEN: x sums from one row at M = 1, a tuned option (off unless the plan's entry sets it)
     one_token = m == 1 and plan.config.get("ONE_TOKEN", False)
-    run = _matmul_launch(plan, x2.dtype, device_type, zeros is None, in_features, group_size, one_token)
+    run = _matmul_launch(plan, x2.dtype, device_type, zeros is None, in_features, group_size, one_token, after_gather)
     y = torch.empty((m, n), device=device, dtype=x2.dtype) if out is None else out
     tiles = -(-n // run.block_n) * -(-m // run.block_m)  # ceil-divs (triton.cdiv costs ~3 us from the host)
     if run.path == "streamk":
@@ -790,19 +806,28 @@ _GATHER_WHOLE_ROWS_M = 256  # from this M one program per whole row (NOTES v15)
 # the compiled kernel, is a cache like Triton's own): 1024-column programs of 4 warps for small M;
 # whole-row programs of 32 warps (two per SM: at most two rows of x in an SM's L1) for large M.
 _GATHER_BLOCKS = {"columns": (1024, 4), "rows": (4096, 32)}
-_gather_columns = {form: PreparedLaunch(_gather_columns_kernel, {"BLOCK_K": block}, {"num_warps": warps},
-                                        ("x_ptr", "perm_ptr", "out_ptr"), ("K", "stride_xm", "cols_per_program"))
-                   for form, (block, warps) in _GATHER_BLOCKS.items()}
+_gather_columns = {(form, dependents): PreparedLaunch(_gather_columns_kernel, {"BLOCK_K": block, "LAUNCH_DEPENDENTS": dependents},
+                                                      {"num_warps": warps}, ("x_ptr", "perm_ptr", "out_ptr"),
+                                                      ("K", "stride_xm", "cols_per_program"))
+                   for form, (block, warps) in _GATHER_BLOCKS.items() for dependents in (False, True)}
 
 
-def gather_columns(x2: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
-    """x2[:, perm] as a new contiguous [M, K] tensor (act-order), by one small Triton kernel."""
+@functools.lru_cache(maxsize=None)
+def programmatic_launch(device: torch.device) -> bool:
+    """Whether act-order's GEMM may be launched as a programmatic dependent of its gather: NVIDIA sm_90+
+    (griddepcontrol; not AMD, not Triton's CPU interpreter)."""
+    return _use_asm(device.type) and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def gather_columns(x2: torch.Tensor, perm: torch.Tensor, launch_dependents: bool = False) -> torch.Tensor:
+    """x2[:, perm] as a new contiguous [M, K] tensor (act-order), by one small Triton kernel;
+    `launch_dependents`: the next launch, made with `after_gather`, may start before this one ends."""
     m, k = x2.shape
     out = torch.empty((m, k), device=x2.device, dtype=x2.dtype)
     form = "rows" if m >= _GATHER_WHOLE_ROWS_M else "columns"
     block = _GATHER_BLOCKS[form][0]
     cols_per_program = -(-k // block) * block if form == "rows" else block
-    _gather_columns[form]((m, -(-k // cols_per_program)), (x2, perm, out), (k, x2.stride(0), cols_per_program),
+    _gather_columns[(form, launch_dependents)]((m, -(-k // cols_per_program)), (x2, perm, out), (k, x2.stride(0), cols_per_program),
                           current_stream(x2.device))
     return out
 
