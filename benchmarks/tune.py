@@ -16,6 +16,7 @@ exactly those M buckets; every other format and bucket uses the base entries.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -28,7 +29,7 @@ import timing  # noqa: E402
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 
-def candidates(m: int, n: int, k: int, sm_count: int):
+def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536):
     """(path, config) pairs worth timing for this shape; split-K only where it can fill the SMs."""
     k_blocks = -(-k // 128)
 
@@ -63,11 +64,15 @@ def candidates(m: int, n: int, k: int, sm_count: int):
                 for one_token in ((False, True) if (m == 1 and not operand) else (False,)):
                     yield ("splitk" if split > 1 else "tiled"), _with_option(cfg(bn, bm, w, st, split, operand, maxnreg), "ONE_TOKEN",
                                                                              one_token, default=False)
-        # Stream-K: a persistent grid of 1-3 programs per SM sharing the (tile, K block) work evenly
+        # Stream-K: a persistent grid of 1-3 programs per SM sharing the (tile, K block) work evenly. All
+        # its programs must be resident at once: scale in operand at BLOCK_N = 128 takes ~172 registers
+        # (Triton 3.6, sm_90), two 4-warp programs per SM; three also with a register cap that fits them
+        # (168 on a 64K-register SM; sm_90 SASS: no spills, the loop as long).
         for bn, w, st, operand in ((128, 4, 4, False), (256, 8, 3, False), (128, 4, 4, True)):
             for per_sm in (1, 2, 3):
-                for one_token in ((False, True) if (m == 1 and not operand) else (False,)):
-                    c = cfg(bn, bm, w, st, 1, operand)
+                caps = (None, regs_per_sm // (per_sm * w * 32) // 8 * 8) if (operand and per_sm == 3) else (None,)
+                for one_token, maxnreg in itertools.product((False, True) if (m == 1 and not operand) else (False,), caps):
+                    c = cfg(bn, bm, w, st, 1, operand, maxnreg)
                     del c["SPLIT_K"]
                     yield "streamk", _with_option({**c, "PROGRAMS": per_sm * sm_count}, "ONE_TOKEN", one_token, default=False)
     if m >= 64:
@@ -149,13 +154,16 @@ def main() -> None:
     ap.add_argument("--merge", action="store_true", help="keep the --out table's entries for (N, K, M, format) not tuned now")
     ap.add_argument("--variant", default="base", choices=list(timing.VARIANTS),
                     help="weight format to tune (timing.VARIANTS)")
+    ap.add_argument("--paths", default="", help="comma list: time only candidates of these paths (the current plan is timed first in any case)")
     ap.add_argument("--around-plan", action="store_true",
                     help="time only the current plan and the same with one option changed (DOT_PARTS; ONE_TOKEN at M = 1)")
     args = ap.parse_args()
 
     kernel = timing.load_kernel()
     info = timing.machine_info()
-    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    props = torch.cuda.get_device_properties(0)
+    sm_count, regs_per_sm = props.multi_processor_count, getattr(props, "regs_per_multiprocessor", 65536)
+    paths = set(filter(None, args.paths.split(",")))
     shapes = timing.load_shapes()
     table_group_size = shapes.get("group_size", 128)
     dtype, group_size, symmetric, act_order = timing.VARIANTS[args.variant]
@@ -185,7 +193,8 @@ def main() -> None:
             reference = kernel.matmul.w4a16_matmul(x, w0.qweight, w0.scales, w0.zeros, w0.perm, k, g, path="dense").float()
             best = None
             current = kernel.plan_for(w0, m, dtype)
-            pairs = around_plan(kernel, current, m, act_order) if args.around_plan else with_incumbent(current, candidates(m, n, k, sm_count))
+            pairs = around_plan(kernel, current, m, act_order) if args.around_plan else with_incumbent(
+                current, (pair for pair in candidates(m, n, k, sm_count, regs_per_sm) if not paths or pair[0] in paths))
             for path, config in pairs:
                 try:
                     us = time_candidate(kernel, weights, x, k, g, path, config, reference)

@@ -46,6 +46,21 @@ def test_candidates_are_accepted_configs(w4a16, m, n, k):
 
 
 @pytest.mark.kernels_ci
+@pytest.mark.parametrize("regs_per_sm", [65536, 32768])
+def test_stream_k_register_cap_fits_its_programs(regs_per_sm):
+    """Stream-K needs all its programs resident: the capped scale-in-operand candidate at three programs
+    per SM has the largest cap (a multiple of 8) with which three of them fit in the SM's registers."""
+    tune = _tune_module()
+    capped = [c for path, c in tune.candidates(1, 57344, 8192, sm_count=132, regs_per_sm=regs_per_sm)
+              if path == "streamk" and "maxnreg" in c]
+    assert len(capped) == 1 and capped[0]["SCALE_IN_OPERAND"] and capped[0]["PROGRAMS"] == 3 * 132
+    threads = 3 * capped[0]["num_warps"] * 32
+    cap = capped[0]["maxnreg"]
+    assert cap % 8 == 0 and cap * threads <= regs_per_sm < (cap + 8) * threads
+    assert cap == (168 if regs_per_sm == 65536 else 80)
+
+
+@pytest.mark.kernels_ci
 @pytest.mark.parametrize("act_order", [False, True])
 @pytest.mark.parametrize("m", [1, 16, 128])
 def test_around_plan_toggles_only_the_options(w4a16, m, act_order):
