@@ -81,6 +81,40 @@ def markdown_tables(rows) -> str:
     return "\n".join(out)
 
 
+FORMAT_COLUMNS = (("M = 1..16", (1, 2, 4, 8, 16)), ("M = 32, 64", (32, 64)), ("M = 128..4096", (128, 256, 512, 1024, 4096)))
+FORMATS = (("bf16", "bf16 g128"), ("symmetric", "fp16 g128 sym"), ("group 64", "fp16 g64"), ("act-order", "fp16 g128 act-order"),
+           ("per-channel", "fp16 per-channel"))
+
+
+def format_table(rows) -> str:
+    """Each format against fp16 g128 asymmetric: the ratio of their speed-ups over fp16 (each against the
+    fp16 time of its own run) per shape and M; per column the range of the geometric means over the
+    shapes at each M, and the worst single (shape, M) in brackets."""
+    fp16 = {(r["shape"], r["M"]): r["us"] for r in rows if r["impl"] == "fp16"}
+    base = {(r["shape"], r["M"]): speedup(r, fp16) for r in rows if is_base(r)}
+    out = ["| format | " + " | ".join(name for name, _ in FORMAT_COLUMNS) + " |", "|---|" + "---|" * len(FORMAT_COLUMNS)]
+    for name, label in FORMATS:
+        ratios = {(r["shape"], r["M"]): speedup(r, fp16) / base[(r["shape"], r["M"])] for r in rows
+                  if r["impl"] == "w4a16" and timing.format_label(r) == label and (r["shape"], r["M"]) in base}
+        cells = []
+        for _, ms in FORMAT_COLUMNS:
+            means = []
+            for m in ms:
+                vals = [v for (s, mm), v in ratios.items() if mm == m]
+                if vals:
+                    means.append(math.exp(sum(map(math.log, vals)) / len(vals)))
+            if not means:
+                cells.append("")
+                continue
+            (shape, m), worst = min(((k, v) for k, v in ratios.items() if k[1] in ms), key=lambda kv: kv[1])
+            low, high = f"{min(means):.2f}", f"{max(means):.2f}"
+            last = max(mm for (_, mm) in ratios if mm in ms)
+            upto = f"; to M={last}" if last != ms[-1] else ""
+            cells.append(f"{low if low == high else low + '-' + high} ({worst:.2f}, {shape} M={m}{upto})")
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def roofline(rows, path: Path, gpu: str) -> None:
     import matplotlib
 
@@ -127,6 +161,8 @@ def main() -> None:
     data = json.loads(Path(args.results).read_text())
     print(f"{data['gpu']}, torch {data['torch']}, Triton {data['triton']}, {data['date']}, commit {data['commit']}\n")
     print(markdown_tables(data["rows"]))
+    print("\nFormats against fp16 g128 asymmetric (ratio of speed-ups over fp16):\n")
+    print(format_table(data["rows"]))
     if args.plot:
         roofline(data["rows"], Path(args.plot), data["gpu"])
         print(f"\nwrote {args.plot}")
