@@ -113,17 +113,30 @@ def around_plan(kernel, plan, m: int, act_order: bool = False):
         yield plan.path, _with_option(config, "GATHER_PDL", not config.get("GATHER_PDL", False), default=False)
 
 
-def with_incumbent(plan, pairs):
-    """The dispatcher's current plan for the call, then `pairs` without it: a full search then replaces an
-    entry only by a candidate that beats it in the same run, also where the entry carries options the
-    candidate list leaves to --around-plan (DOT_PARTS; maxnreg on Stream-K) or was borrowed from another
-    format's entries."""
-    incumbent = (plan.path, dict(plan.config))
-    if plan.path != "reference":
-        yield incumbent
-    for pair in pairs:
-        if pair != incumbent:
+def with_incumbent(plan, pairs, neighbours=()):
+    """The dispatcher's current plan for the call, then its plans at the neighbouring M buckets
+    (`neighbours`), then `pairs`, each pair once: a full search then replaces an entry only by a candidate
+    that beats it in the same run, also where the entry carries options the candidate list leaves to
+    --around-plan (DOT_PARTS; maxnreg on Stream-K) or was borrowed from another format's entries; and a
+    search narrowed by --paths still times the plans that won next door (v16: per-channel M = 4 kept a
+    Stream-K plan, 91.6 us, because the tiled fold that won at M = 2 and 8, 81 us, was never timed)."""
+    seen = []
+    for candidate in ([plan] if plan.path != "reference" else []) + [p for p in neighbours if p.path != "reference"]:
+        pair = (candidate.path, dict(candidate.config))
+        if pair not in seen:
+            seen.append(pair)
             yield pair
+    for pair in pairs:
+        if pair not in seen:
+            yield pair
+
+
+def neighbour_buckets(m: int) -> list[int]:
+    """The M buckets next to m's (below and above) in M_BUCKETS."""
+    i = M_BUCKETS.index(m) if m in M_BUCKETS else None
+    if i is None:
+        return []
+    return [M_BUCKETS[j] for j in (i - 1, i + 1) if 0 <= j < len(M_BUCKETS)]
 
 
 def _with_option(config: dict, key: str, value, default) -> dict:
@@ -193,8 +206,10 @@ def main() -> None:
             reference = kernel.matmul.w4a16_matmul(x, w0.qweight, w0.scales, w0.zeros, w0.perm, k, g, path="dense").float()
             best = None
             current = kernel.plan_for(w0, m, dtype)
+            neighbours = [kernel.plan_for(w0, mm, dtype) for mm in neighbour_buckets(m)]
             pairs = around_plan(kernel, current, m, act_order) if args.around_plan else with_incumbent(
-                current, (pair for pair in candidates(m, n, k, sm_count, regs_per_sm) if not paths or pair[0] in paths))
+                current, (pair for pair in candidates(m, n, k, sm_count, regs_per_sm) if not paths or pair[0] in paths),
+                neighbours)
             for path, config in pairs:
                 try:
                     us = time_candidate(kernel, weights, x, k, g, path, config, reference)

@@ -116,6 +116,27 @@ def test_full_search_times_the_incumbent_first(w4a16):
 
 
 @pytest.mark.kernels_ci
+def test_search_times_the_neighbouring_buckets_plans(w4a16):
+    """The plans the table holds at the neighbouring M buckets are timed right after the incumbent, each
+    pair once, also when the candidate list (narrowed by --paths) does not offer them."""
+    tune = _tune_module()
+    dispatch = w4a16.dispatch
+    cpu = torch.device("cpu")
+    assert tune.neighbour_buckets(1) == [2] and tune.neighbour_buckets(4) == [2, 8] and tune.neighbour_buckets(4096) == [1024]
+    assert tune.neighbour_buckets(3) == []
+    streamk = [p for p in tune.candidates(4, 57344, 8192, sm_count=132) if p[0] == "streamk"]
+    fold = {"BLOCK_N": 256, "BLOCK_M": 16, "SPLIT_K": 1, "num_warps": 8, "num_stages": 3, "maxnreg": 128, "DOT_PARTS": 2}
+    plan = lambda path, config: dispatch.plan_gemm(4, 57344, 8192, 128, torch.float16, cpu, path=path, config=config)  # noqa: E731
+    incumbent = plan(*streamk[-1])
+    neighbours = [plan("tiled", fold), plan("tiled", fold), plan(*streamk[-1])]  # M = 2 and 8 alike; one equal to the incumbent
+    pairs = list(tune.with_incumbent(incumbent, iter(streamk), neighbours))
+    assert pairs[0] == (incumbent.path, incumbent.config) and pairs[1] == ("tiled", neighbours[0].config)
+    assert len(pairs) == len(streamk) + 1 and all(pairs.count(p) == 1 for p in pairs)
+    reference = dispatch.plan_gemm(4, 57344, 8192, 128, torch.float16, cpu)
+    assert list(tune.with_incumbent(reference, iter(streamk), [reference])) == streamk
+
+
+@pytest.mark.kernels_ci
 @pytest.mark.parametrize("m,variant", [(1, "base"), (16, "act_order"), (128, "bf16"), (4096, "base")])
 def test_sass_report_records_the_launch(w4a16, m, variant):
     """benchmarks/sass_report.py compiles what a GPU call would launch: its recording of a call names
