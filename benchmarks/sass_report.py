@@ -131,6 +131,21 @@ def hot_loop_summary(cubin: bytes) -> dict:
     return summary
 
 
+# sm_90 per-SM limits: 64K registers (allocated per warp in units of 256), 228 KB shared memory (227 KB usable per
+# CTA, 1 KB reserved per CTA), 64 warps, 32 CTAs
+SM90_REGS, SM90_SMEM, SM90_WARPS, SM90_CTAS = 65536, 228 * 1024, 64, 32
+
+
+def resident_ctas(regs: int | None, shared: int, num_warps: int) -> int | None:
+    """CTAs of this kernel one sm_90 SM holds at once (the occupancy calculator's three limits)."""
+    if regs is None:
+        return None
+    per_warp = -(-regs * 32 // 256) * 256
+    by_regs = SM90_REGS // (per_warp * num_warps)
+    by_smem = SM90_SMEM // (shared + 1024) if shared else SM90_CTAS
+    return min(by_regs, by_smem, SM90_WARPS // num_warps, SM90_CTAS)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="", help="comma list of shape names (default: all)")
@@ -145,18 +160,25 @@ def main() -> None:
     print(f"Triton {triton.__version__}, sm_90; loop = the largest loop's instructions, 1st mma = its position in the loop,")
     print("overlap = loop instructions issued while a wgmma is in flight (before the wait on it), sass = digest of the whole")
     print("kernel's instruction text (equal digests: identical machine code, e.g. after a refactor)")
-    print(f"{'shape':12s} {'M':>5s}  {'regs':>4s} {'stack':>5s} {'loop':>5s} {'bars':>4s} {'mmas':>4s} {'1st mma':>7s} {'overlap':>7s} {'spill':>5s} {'sass':>8s}  plan")
+    print("smem = shared memory per CTA (KB), ctas = CTAs per SM that fit (registers, shared memory, warps; sm_90 limits)")
+    print(f"{'shape':12s} {'M':>5s}  {'regs':>4s} {'stack':>5s} {'smem':>5s} {'ctas':>4s} {'loop':>5s} {'bars':>4s} {'mmas':>4s} {'1st mma':>7s} "
+          f"{'overlap':>7s} {'spill':>5s} {'sass':>8s}  plan")
     for shape in timing.load_shapes()["shapes"]:
         if wanted and shape["name"] not in wanted:
             continue
         for m in (int(v) for v in args.m.split(",")):
             for plan, prepared, tensors, ints in captured_launches(kernel, m, shape["N"], shape["K"], args.variant, overrides):
                 if prepared is None:
-                    print(f"{shape['name']:12s} {m:5d}  {'-':>4s} {'-':>5s} {'-':>5s} {'-':>4s} {'-':>4s} {'-':>7s} {'-':>7s} {'-':>5s} {'-':>8s}  {plan.path}")
+                    print(f"{shape['name']:12s} {m:5d}  {'-':>4s} {'-':>5s} {'-':>5s} {'-':>4s} {'-':>5s} {'-':>4s} {'-':>4s} {'-':>7s} {'-':>7s} {'-':>5s} "
+                          f"{'-':>8s}  {plan.path}")
                     continue
-                s = hot_loop_summary(compile_for_sm90(prepared, tensors, ints).asm["cubin"])
-                cells = [s.get(key) for key in ("regs", "stack", "loop", "barriers", "mmas", "first_mma", "overlap", "spill_ops", "digest")]
-                print(f"{shape['name']:12s} {m:5d}  " + " ".join(f"{'-' if c is None else c:>{w}}" for c, w in zip(cells, (4, 5, 5, 4, 4, 7, 7, 5, 8)))
+                compiled = compile_for_sm90(prepared, tensors, ints)
+                s = hot_loop_summary(compiled.asm["cubin"])
+                s["smem_kb"] = round(compiled.metadata.shared / 1024, 1)
+                s["ctas"] = resident_ctas(s["regs"], compiled.metadata.shared, prepared.options.get("num_warps", 4))
+                cells = [s.get(key) for key in ("regs", "stack", "smem_kb", "ctas", "loop", "barriers", "mmas", "first_mma", "overlap",
+                                                "spill_ops", "digest")]
+                print(f"{shape['name']:12s} {m:5d}  " + " ".join(f"{'-' if c is None else c:>{w}}" for c, w in zip(cells, (4, 5, 5, 4, 5, 4, 4, 7, 7, 5, 8)))
                       + f"  {plan.path} " + " ".join(f"{k}={v}" for k, v in sorted(plan.config.items())), flush=True)
 
 
