@@ -44,7 +44,7 @@ def captured_launches(kernel, m: int, n: int, k: int, variant: str, overrides: d
     dtype, group_size, symmetric, act_order = timing.VARIANTS[variant]
     g = timing.effective_group_size(group_size, k)
     dispatch = kernel.dispatch
-    _, table, by_format = dispatch.load_tuned_table("NVIDIA H200")
+    _, table, by_format, _ = dispatch.load_tuned_table("NVIDIA H200")
     row = dispatch.tuned_row(table, by_format, dispatch.m_bucket(m), n, k, dispatch.format_key(dtype, g, symmetric, act_order))
     if row is None:
         raise SystemExit(f"no tuned entry for N={n} K={k} M={m} {variant}")

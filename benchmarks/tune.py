@@ -250,6 +250,7 @@ def write_table(args, info, group_size, entries, log) -> None:
                   "their searches are in benchmarks/results/logs/h200_tune_*)."),
         "applies_to": ["H200", "H100"],
         "measured_on": info,
+        "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,  # Stream-K's PROGRAMS scale with it
         "group_size": group_size,
         "entries": entries,
     }

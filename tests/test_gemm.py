@@ -386,8 +386,8 @@ def test_dispatch_plans(w4a16):
     assert decode.path == "splitk" and decode.config["SPLIT_K"] > 1
     assert dispatch._heuristic(4096, 4096, 4096, 132).path == "dense"
     assert [dispatch.m_bucket(m) for m in (1, 3, 33, 5000)] == [1, 4, 64, 4096]
-    file, table, by_format = dispatch.load_tuned_table("NVIDIA H200")
-    assert file == "tuned_nvidia_h200.json"
+    file, table, by_format, table_sm_count = dispatch.load_tuned_table("NVIDIA H200")
+    assert file == "tuned_nvidia_h200.json" and table_sm_count == 132
     # format-specific entries win for their exact M bucket; other buckets and formats use the base rows
     base_rows = [{"M": 1, "path": "splitk"}, {"M": 16, "path": "tiled"}]
     bf16 = dispatch.format_key(torch.bfloat16, 128, False)
@@ -463,6 +463,27 @@ def test_split_k_counters_are_reused_clean(w4a16, device):
         assert int(counters.abs().sum()) == 0, programs
     _, fresh = launch.split_k_scratch(dev, launch.current_stream(dev), launch.COUNTER_SLOT + 1, 1)
     assert fresh.numel() == launch.COUNTER_SLOT + 1 and int(fresh.abs().sum()) == 0
+
+
+def test_stream_k_programs_follow_the_sm_count(w4a16, monkeypatch):
+    """A tuned Stream-K entry keeps its programs per SM on a GPU of the same family with fewer SMs (the H200
+    table applies to the H100 PCIe, 114 SMs): 396 programs on 132 SMs become 342 on 114, so the persistent
+    grid stays resident; split-K and tiled entries are taken as they are."""
+    dispatch = w4a16.dispatch
+    assert dispatch.programs_for_device(396, 132, 132) == 396
+    assert dispatch.programs_for_device(396, 132, 114) == 342 and dispatch.programs_for_device(264, 132, 114) == 228
+    assert dispatch.programs_for_device(396, None, 114) == 396  # a table that does not say: as written
+    plan_on = dispatch._plan_cached.__wrapped__  # the memoised function itself, for a device it cannot see
+    cpu = torch.device("cpu")
+    plans = {}
+    for name, sms in (("NVIDIA H200", 132), ("NVIDIA H100 PCIe", 114)):
+        monkeypatch.setattr(dispatch, "_device_info", lambda device, name=name, sms=sms: (name, sms))
+        plans[sms] = [plan_on(m, 57344, 8192, 128, torch.float16, cpu, False, False) for m in (1, 2)]
+    assert plans[132][0].path == "streamk" and plans[132][0].config["PROGRAMS"] % 132 == 0
+    assert plans[114][0].config["PROGRAMS"] == plans[132][0].config["PROGRAMS"] // 132 * 114
+    assert {k: v for k, v in plans[114][0].config.items() if k != "PROGRAMS"} == \
+        {k: v for k, v in plans[132][0].config.items() if k != "PROGRAMS"}
+    assert plans[132][1].path != "streamk" and plans[114][1].config == plans[132][1].config
 
 
 @pytest.mark.parametrize("path", ["splitk", "streamk", "tiled"])

@@ -68,9 +68,9 @@ def format_key(dtype: torch.dtype, group_size: int, symmetric: bool, act_order: 
 
 
 @functools.lru_cache(maxsize=None)
-def load_tuned_table(device_name: str) -> tuple[str, dict, dict] | None:
+def load_tuned_table(device_name: str) -> tuple[str, dict, dict, int | None] | None:
     """The shipped tuned table whose `applies_to` matches this device name, as
-    (file, {(N, K): rows sorted by M}, {(N, K, format_key): {M: row}}).
+    (file, {(N, K): rows sorted by M}, {(N, K, format_key): {M: row}}, the SM count it was measured on).
 
     Entries without `dtype` / `group_size` / `symmetric` / `act_order` fields were tuned on the table's
     base format (fp16 activations, the table's `group_size`, asymmetric) and serve every format; entries
@@ -90,8 +90,17 @@ def load_tuned_table(device_name: str) -> tuple[str, dict, dict] | None:
                     base.setdefault((row["N"], row["K"]), []).append(row)
             for rows in base.values():
                 rows.sort(key=lambda r: r["M"])
-            return path.name, base, by_format
+            return path.name, base, by_format, data.get("sm_count")
     return None
+
+
+def programs_for_device(programs: int, table_sm_count: int | None, sm_count: int) -> int:
+    """A Stream-K entry's PROGRAMS (measured with table_sm_count SMs) for a GPU with sm_count SMs: the same
+    programs per SM (a table applies to a chip family, e.g. H100 SXM 132 SMs and PCIe 114; a persistent
+    grid sized for more SMs than the GPU has would leave programs waiting for a second wave)."""
+    if not table_sm_count or table_sm_count == sm_count:
+        return programs
+    return max(1, round(programs * sm_count / table_sm_count))
 
 
 def tuned_row(table: dict, by_format: dict, mb: int, n: int, k: int, fmt: tuple) -> dict | None:
@@ -179,10 +188,12 @@ def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, d
     name, sm_count = _device_info(device)
     tuned = load_tuned_table(name)
     if tuned is not None:
-        file, table, by_format = tuned
+        file, table, by_format, table_sm_count = tuned
         row = tuned_row(table, by_format, mb, n, k, format_key(dtype, group_size, symmetric, act_order))
         if row is not None:
             cfg = {key: row[key] for key in CONFIG_KEYS if key in row}
+            if "PROGRAMS" in cfg:
+                cfg["PROGRAMS"] = programs_for_device(cfg["PROGRAMS"], table_sm_count, sm_count)
             plan = Plan(row["path"], cfg, f"tuned:{file}")
         else:
             plan = _heuristic(mb, n, k, sm_count)
