@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -129,7 +129,7 @@ def summary(rows):
             groups.setdefault(key, []).append(fp16[(r["shape"], r["M"])] / r["us"])
     print("\ngeometric mean of fp16/impl over shapes:")
     for (impl, m), vals in sorted(groups.items()):
-        print(f"  {impl:28s} M={m:5d}  {math.exp(sum(map(math.log, vals)) / len(vals)):5.2f}x  (min {min(vals):.2f})")
+        print(f"  {impl:28s} M={m:5d}  {statistics.geometric_mean(vals):5.2f}x  (min {min(vals):.2f})")
 
 
 def main() -> None:

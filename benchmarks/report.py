@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -70,7 +70,7 @@ def markdown_tables(rows) -> str:
                 vals = [speedup(int4[(s, m)], fp16) for s in shapes if (s, m) in int4]
             else:
                 vals = [speedup(r, fp16) for r in rows if r["impl"] == "w4a16" and r["M"] == m and variant_name(r) == impl]
-            cells.append(f"{math.exp(sum(map(math.log, vals)) / len(vals)):.2f}" if vals else "")
+            cells.append(f"{statistics.geometric_mean(vals):.2f}" if vals else "")
         out.append(f"| {impl} | " + " | ".join(cells) + " |")
     eager = {(r["shape"], r["impl"]): r["us"] for r in rows if r["impl"].endswith("_eager")}
     if eager:
@@ -102,7 +102,7 @@ def format_table(rows) -> str:
             for m in ms:
                 vals = [v for (s, mm), v in ratios.items() if mm == m]
                 if vals:
-                    means.append(math.exp(sum(map(math.log, vals)) / len(vals)))
+                    means.append(statistics.geometric_mean(vals))
             if not means:
                 cells.append("")
                 continue

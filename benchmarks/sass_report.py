@@ -146,6 +146,12 @@ def resident_ctas(regs: int | None, shared: int, num_warps: int) -> int | None:
     return min(by_regs, by_smem, SM90_WARPS // num_warps, SM90_CTAS)
 
 
+# (summary key, column title, width) of the printed table
+COLUMNS = (("regs", "regs", 4), ("stack", "stack", 5), ("smem_kb", "smem", 5), ("ctas", "ctas", 4), ("loop", "loop", 5),
+           ("barriers", "bars", 4), ("mmas", "mmas", 4), ("first_mma", "1st mma", 7), ("overlap", "overlap", 7),
+           ("spill_ops", "spill", 5), ("digest", "sass", 8))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="", help="comma list of shape names (default: all)")
@@ -161,24 +167,19 @@ def main() -> None:
     print("overlap = loop instructions issued while a wgmma is in flight (before the wait on it), sass = digest of the whole")
     print("kernel's instruction text (equal digests: identical machine code, e.g. after a refactor)")
     print("smem = shared memory per CTA (KB), ctas = CTAs per SM that fit (registers, shared memory, warps; sm_90 limits)")
-    print(f"{'shape':12s} {'M':>5s}  {'regs':>4s} {'stack':>5s} {'smem':>5s} {'ctas':>4s} {'loop':>5s} {'bars':>4s} {'mmas':>4s} {'1st mma':>7s} "
-          f"{'overlap':>7s} {'spill':>5s} {'sass':>8s}  plan")
+    print(f"{'shape':12s} {'M':>5s}  " + " ".join(f"{title:>{width}s}" for _, title, width in COLUMNS) + "  plan")
     for shape in timing.load_shapes()["shapes"]:
         if wanted and shape["name"] not in wanted:
             continue
         for m in (int(v) for v in args.m.split(",")):
             for plan, prepared, tensors, ints in captured_launches(kernel, m, shape["N"], shape["K"], args.variant, overrides):
-                if prepared is None:
-                    print(f"{shape['name']:12s} {m:5d}  {'-':>4s} {'-':>5s} {'-':>5s} {'-':>4s} {'-':>5s} {'-':>4s} {'-':>4s} {'-':>7s} {'-':>7s} {'-':>5s} "
-                          f"{'-':>8s}  {plan.path}")
-                    continue
-                compiled = compile_for_sm90(prepared, tensors, ints)
-                s = hot_loop_summary(compiled.asm["cubin"])
-                s["smem_kb"] = round(compiled.metadata.shared / 1024, 1)
-                s["ctas"] = resident_ctas(s["regs"], compiled.metadata.shared, prepared.options.get("num_warps", 4))
-                cells = [s.get(key) for key in ("regs", "stack", "smem_kb", "ctas", "loop", "barriers", "mmas", "first_mma", "overlap",
-                                                "spill_ops", "digest")]
-                print(f"{shape['name']:12s} {m:5d}  " + " ".join(f"{'-' if c is None else c:>{w}}" for c, w in zip(cells, (4, 5, 5, 4, 5, 4, 4, 7, 7, 5, 8)))
+                s = {}  # dense / reference plans: no Triton kernel, every column "-"
+                if prepared is not None:
+                    compiled = compile_for_sm90(prepared, tensors, ints)
+                    s = hot_loop_summary(compiled.asm["cubin"])
+                    s["smem_kb"] = round(compiled.metadata.shared / 1024, 1)
+                    s["ctas"] = resident_ctas(s["regs"], compiled.metadata.shared, prepared.options.get("num_warps", 4))
+                print(f"{shape['name']:12s} {m:5d}  " + " ".join(f"{'-' if s.get(key) is None else s[key]:>{width}}" for key, _, width in COLUMNS)
                       + f"  {plan.path} " + " ".join(f"{k}={v}" for k, v in sorted(plan.config.items())), flush=True)
 
 

@@ -133,9 +133,9 @@ def with_incumbent(plan, pairs, neighbours=()):
 
 def neighbour_buckets(m: int) -> list[int]:
     """The M buckets next to m's (below and above) in M_BUCKETS."""
-    i = M_BUCKETS.index(m) if m in M_BUCKETS else None
-    if i is None:
+    if m not in M_BUCKETS:
         return []
+    i = M_BUCKETS.index(m)
     return [M_BUCKETS[j] for j in (i - 1, i + 1) if 0 <= j < len(M_BUCKETS)]
 
 
@@ -169,7 +169,8 @@ def main() -> None:
                     help="weight format to tune (timing.VARIANTS)")
     ap.add_argument("--paths", default="", help="comma list: time only candidates of these paths (the current plan is timed first in any case)")
     ap.add_argument("--around-plan", action="store_true",
-                    help="time only the current plan and the same with one option changed (DOT_PARTS; ONE_TOKEN at M = 1)")
+                    help="time only the current plan and the same with one option changed (DOT_PARTS; ONE_TOKEN at M = 1; "
+                         "GATHER_PDL for act-order)")
     args = ap.parse_args()
 
     kernel = timing.load_kernel()

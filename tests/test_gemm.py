@@ -497,8 +497,13 @@ def test_act_order_gemm_launched_after_its_gather(w4a16, device, path):
                                seed=21)
     assert weight.perm is not None
     capable = cuda and torch.cuda.get_device_capability()[0] >= 9
-    assert w4a16.gemm.programmatic_launch(torch.device(device)) == capable
+    assert w4a16.dispatch.programmatic_launch(torch.device(device)) == capable
     config = {"GATHER_PDL": True}
+    # the dispatcher keeps the option only where it applies: act-order weights, tensor-core path, sm_90+
+    plan = w4a16.dispatch.plan_gemm(16, 96, 512, 64, torch.float16, torch.device(device), path=path, config=config, act_order=True)
+    assert plan.config.get("GATHER_PDL", False) == capable
+    plain = w4a16.dispatch.plan_gemm(16, 96, 512, 64, torch.float16, torch.device(device), path=path, config=config)
+    assert "GATHER_PDL" not in plain.config
 
     def call(x):
         return w4a16.matmul.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features,

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["PATHS", "TENSOR_CORE_PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "format_key", "tuned_row"]
+__all__ = ["PATHS", "TENSOR_CORE_PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "format_key", "tuned_row",
+           "programmatic_launch"]
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +125,22 @@ def _device_info(device: torch.device) -> tuple[str, int]:
     return props.name, props.multi_processor_count
 
 
+@functools.lru_cache(maxsize=None)
+def programmatic_launch(device: torch.device) -> bool:
+    """Whether a kernel may be launched as a programmatic dependent of the one before it (griddepcontrol):
+    NVIDIA sm_90+ only (not AMD, not CPU tensors, which Triton's interpreter runs)."""
+    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _applicable(plan: Plan, act_order: bool, device: torch.device) -> Plan:
+    """`plan` without the options that do not apply to this call, decided once per plan (not per call):
+    GATHER_PDL (act-order's GEMM launched as a programmatic dependent of the gather of x) needs
+    act-order weights, a tensor-core path and `programmatic_launch`; elsewhere it is dropped."""
+    if plan.config.get("GATHER_PDL") and not (act_order and plan.path in TENSOR_CORE_PATHS and programmatic_launch(device)):
+        return Plan(plan.path, {k: v for k, v in plan.config.items() if k != "GATHER_PDL"}, plan.source)
+    return plan
+
+
 def _split_for(tiles: int, k_blocks: int, sm_count: int, max_split: int = 16) -> int:
     """Enough K splits that tiles * split covers the SMs about twice, and at least 2 blocks per split."""
     want = max(1, (2 * sm_count + tiles - 1) // tiles)
@@ -194,7 +211,7 @@ def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, d
             cfg = {key: row[key] for key in CONFIG_KEYS if key in row}
             if "PROGRAMS" in cfg:
                 cfg["PROGRAMS"] = programs_for_device(cfg["PROGRAMS"], table_sm_count, sm_count)
-            plan = Plan(row["path"], cfg, f"tuned:{file}")
+            plan = _applicable(Plan(row["path"], cfg, f"tuned:{file}"), act_order, device)
         else:
             plan = _heuristic(mb, n, k, sm_count)
     else:
@@ -224,7 +241,7 @@ def plan_gemm(
     RuntimeError (so a deployment notices a silent fallback to a generic configuration).
     """
     if path != "auto":
-        return _forced(path, m, n, k, config)
+        return _applicable(_forced(path, m, n, k, config), act_order, device)
     if config is not None:
         raise ValueError("config may only be given together with a forced path (path='splitk', ...)")
     if device.type != "cuda":

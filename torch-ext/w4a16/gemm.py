@@ -41,7 +41,6 @@ then resets the counter to zero (so `launch.split_k_scratch` can hand the same c
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -49,8 +48,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .dequant import (MAGIC_PAIR, MAGIC_VALUE, concat_k, concat_slices, dequantize_pairs, magic_pairs, operand_part, pack_pair,
-                      row_of, uint_as_float, unpack_slices)
+from .dequant import MAGIC_PAIR, MAGIC_VALUE, concat_slices, operand_part, pack_pair, row_of, uint_as_float, unpack_slices
 from .dispatch import Plan
 from .launch import BoundLaunch, PreparedLaunch, current_stream, split_k_scratch, workspace_entry
 from .layout import K_BLOCK, N_TILE
@@ -645,18 +643,21 @@ _CALL_INTS = ("M", "N", "K", "stride_xm", "stride_ym")  # the int arguments ever
 
 
 def _matmul_launch(plan: Plan, dtype: torch.dtype, device_type: str, symmetric: bool, in_features: int, group_size: int,
-                   one_token: bool, after_gather: bool = False) -> _MatmulLaunch:
+                   one_token: bool) -> _MatmulLaunch:
     """The prepared launch of `plan` for this format (and ONE_TOKEN used or not), kept in `plan.launches`
     (a forced plan, made afresh per call by tests and benchmarks, is prepared afresh too)."""
-    fmt = (dtype, device_type, symmetric, in_features, group_size, one_token, after_gather)
+    fmt = (dtype, device_type, symmetric, in_features, group_size, one_token)
     prepared = plan.launches.get(fmt)
     if prepared is None:
         prepared = plan.launches[fmt] = _prepare_matmul_launch(plan, *fmt)
     return prepared
 
 
-def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_features, group_size, one_token, after_gather) -> _MatmulLaunch:
+def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_features, group_size, one_token) -> _MatmulLaunch:
     cfg = plan.config
+    # act-order on sm_90+ (the dispatcher keeps the option only there): a programmatic dependent of the
+    # gather of x, which `gather_columns(..., launch_dependents=True)` launched just before
+    after_gather = cfg.get("GATHER_PDL", False)
     block_n, block_m, split_k = cfg["BLOCK_N"], cfg["BLOCK_M"], cfg.get("SPLIT_K", 1)
     dot_parts = cfg.get("DOT_PARTS", 1)
     if dot_parts not in (1, 2, 4, 8):  # any other count would leave slices of a block out of the dot
@@ -666,7 +667,7 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
     options = dict(num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))
     if cfg.get("maxnreg"):  # a register cap buys occupancy (more CTAs per SM) where it does not spill
         options["maxnreg"] = cfg["maxnreg"]
-    if after_gather:  # act-order on sm_90+: a programmatic dependent of the gather (WAIT_PRIOR)
+    if after_gather:
         options["launch_pdl"] = True
 
     def prepared(kernel, kernel_constexprs: dict, fixed: dict, programs: int = 0) -> _MatmulLaunch:
@@ -694,11 +695,11 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
     return prepared(_w4a16_tc_kernel, dict(tensor_core, IS_SPLIT=split_k > 1), dict(num_groups=num_groups, SPLIT_K=split_k))
 
 
-def launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out=None, after_gather: bool = False) -> torch.Tensor:
+def launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out=None) -> torch.Tensor:
     """Launch the GEMV, tensor-core or Stream-K kernel of `plan` on x2 [M, K] (for act-order weights:
-    x already permuted, `gather_columns`; `after_gather`: launched as a programmatic dependent of that
-    gather, a tensor-core path on sm_90+ only, see `programmatic_launch`)."""
-    return _launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan, out, keep=False, after_gather=after_gather)[0]
+    x already permuted, `gather_columns`; with the plan's GATHER_PDL the GEMM is launched as a
+    programmatic dependent of that gather)."""
+    return _launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan, out, keep=False)[0]
 
 
 def launch_gemm_kept(x2, qweight, scales, zeros, in_features, group_size, plan: Plan) -> tuple[torch.Tensor, RepeatGemm | None]:
@@ -712,10 +713,10 @@ _REPEAT_SLOTS = tuple(_TENSOR_ARGS.index(name) for name in ("x_ptr", "qw_ptr", "
 _PART_SLOT = _TENSOR_ARGS.index("part_ptr")
 
 
-def _launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out, keep: bool, after_gather: bool = False):
+def _launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out, keep: bool):
     stream = current_stream(x2.device)
     run, grid, tensors, ints, y = _launch_arguments(x2, qweight, scales, zeros, in_features, group_size, plan, out, stream,
-                                                    x2.device.type, after_gather)
+                                                    x2.device.type)
     run.kernel(grid, tensors, ints, stream)
     bound = run.kernel.bind(grid, tensors, ints, stream, _REPEAT_SLOTS) if keep else None
     if bound is None:
@@ -757,8 +758,7 @@ class RepeatGemm:
         return y
 
 
-def _launch_arguments(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out, stream: int, device_type: str,
-                      after_gather: bool = False):
+def _launch_arguments(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out, stream: int, device_type: str):
     """Everything `launch_gemm` hands the prepared kernel: (prepared launch, grid, tensors, ints, y).
     `device_type` picks the constexprs (benchmarks/sass_report.py asks for "cuda" on CPU tensors)."""
     m, k = x2.shape
@@ -766,7 +766,7 @@ def _launch_arguments(x2, qweight, scales, zeros, in_features, group_size, plan:
     device = x2.device
     # ONE_TOKEN: x sums from one row at M = 1, a tuned option (off unless the plan's entry sets it)
     one_token = m == 1 and plan.config.get("ONE_TOKEN", False)
-    run = _matmul_launch(plan, x2.dtype, device_type, zeros is None, in_features, group_size, one_token, after_gather)
+    run = _matmul_launch(plan, x2.dtype, device_type, zeros is None, in_features, group_size, one_token)
     y = torch.empty((m, n), device=device, dtype=x2.dtype) if out is None else out
     tiles = -(-n // run.block_n) * -(-m // run.block_m)  # ceil-divs (triton.cdiv costs ~3 us from the host)
     if run.path == "streamk":
@@ -812,16 +812,9 @@ _gather_columns = {(form, dependents): PreparedLaunch(_gather_columns_kernel, {"
                    for form, (block, warps) in _GATHER_BLOCKS.items() for dependents in (False, True)}
 
 
-@functools.lru_cache(maxsize=None)
-def programmatic_launch(device: torch.device) -> bool:
-    """Whether act-order's GEMM may be launched as a programmatic dependent of its gather: NVIDIA sm_90+
-    (griddepcontrol; not AMD, not Triton's CPU interpreter)."""
-    return _use_asm(device.type) and torch.cuda.get_device_capability(device)[0] >= 9
-
-
 def gather_columns(x2: torch.Tensor, perm: torch.Tensor, launch_dependents: bool = False) -> torch.Tensor:
     """x2[:, perm] as a new contiguous [M, K] tensor (act-order), by one small Triton kernel;
-    `launch_dependents`: the next launch, made with `after_gather`, may start before this one ends."""
+    `launch_dependents`: the next launch (a GEMM of a plan with GATHER_PDL) may start before this one ends."""
     m, k = x2.shape
     out = torch.empty((m, k), device=x2.device, dtype=x2.dtype)
     form = "rows" if m >= _GATHER_WHOLE_ROWS_M else "columns"

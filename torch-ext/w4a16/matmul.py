@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .dispatch import TENSOR_CORE_PATHS, plan_gemm
-from .gemm import dequantize_native, gather_columns, launch_gemm, launch_gemm_kept, programmatic_launch
+from .dispatch import plan_gemm
+from .gemm import dequantize_native, gather_columns, launch_gemm, launch_gemm_kept
 from .launch import current_stream
 from .layout import W4A16Weight, unpack_int4_tiled_striped, validate_weight_tensors
 from .quantize import apply_group_params
@@ -108,13 +108,13 @@ def _matmul_checked(x, qweight, scales, zeros, perm, in_features: int, group_siz
     # act-order: one gather of x per call, before the GEMM (in the kernels' x loads it was 2-7x slower,
     # NOTES v5; per program inside the tensor-core kernels it cost more than this launch, v9), by a
     # Triton kernel (torch's index_select took 3x as long in a CUDA graph, v9)
-    # GATHER_PDL (a tuned option of act-order entries; NVIDIA sm_90+ only): the GEMM is launched as a
-    # programmatic dependent of the gather, so its programs are placed while the gather runs and wait
-    # (griddepcontrol.wait) before reading x. Faster on some shapes, slower on others (NOTES v16): data.
-    after_gather = (perm is not None and plan.config.get("GATHER_PDL", False) and plan.path in TENSOR_CORE_PATHS
-                    and programmatic_launch(x2.device))
+    # GATHER_PDL (a tuned option of act-order entries, kept by the dispatcher on sm_90+ tensor-core plans
+    # only): the GEMM is launched as a programmatic dependent of the gather, so its programs are placed
+    # while the gather runs and wait (griddepcontrol.wait) before reading x. Faster on some shapes,
+    # slower on others (NOTES v16): data.
     if perm is not None:
-        x2 = x2.index_select(1, perm) if plan.path == "reference" else gather_columns(x2, perm, launch_dependents=after_gather)
+        x2 = (x2.index_select(1, perm) if plan.path == "reference"
+              else gather_columns(x2, perm, launch_dependents=plan.config.get("GATHER_PDL", False)))
     if plan.path == "reference":
         y = _reference_matmul(x2, qweight, scales, zeros, in_features, group_size)
     elif plan.path == "dense":
@@ -125,7 +125,7 @@ def _matmul_checked(x, qweight, scales, zeros, perm, in_features: int, group_siz
         if repeat is not None:
             keep_into[0][keep_into[1]] = repeat
     else:
-        y = launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan, out, after_gather=after_gather)
+        y = launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan, out)
     if out is not None and y is not out:
         out.copy_(y)
         y = out
