@@ -1,6 +1,7 @@
 """End-to-end decode: a Llama-3-8B-shaped decoder, fp16 against W4A16, CUDA-graph decode steps (GPU).
 
-    python benchmarks/bench_e2e.py [--batches 1,16] [--layers 32] [--compile] [--out benchmarks/results/h200_e2e.json]
+    python benchmarks/bench_e2e.py [--batches 1,16] [--layers 32] [--compile] [--lm-head fp16,w4a16]
+                                   [--out benchmarks/results/h200_e2e.json]
 
 The model is a compact Llama decoder written here (RMSNorm, fused qkv with GQA and RoPE, SDPA over a
 static KV cache, fused gate_up with SiLU, down; random weights, no downloads) with Llama-3-8B's
@@ -139,6 +140,42 @@ def rel_err(a, b) -> float:
     return float((a - b).norm() / b.norm())
 
 
+def time_step(rows: list, batch: int, method: str, impl: str, model, tokens, pos, **fields) -> None:
+    """Time one decode step of `model` (compiling its blocks first for compile+cuda_graph) and add the row."""
+    if method != "cuda_graph":
+        for block in model.blocks:
+            block.compile(fullgraph=True)  # identical blocks share one compiled graph
+    try:
+        ms = graph_step_ms(model, tokens, pos)
+    except Exception as exc:  # noqa: BLE001 - a failed compile is reported, the eager rows still count
+        print(f"batch {batch:3d} {impl:6s} {method}: FAILED {exc!r}"[:600], flush=True)
+        return
+    rows.append(dict(batch=batch, impl=impl, method=method, **fields, tokens_per_s=batch * 1000.0 / ms, ms_per_step=ms,
+                     weight_bytes=weight_bytes(model)))
+    label = " ".join(f"{k} {v}" for k, v in fields.items())
+    print(f"batch {batch:3d} {impl:6s} {method:18s} {label:13s} {ms:7.3f} ms/step {batch * 1000.0 / ms:9.1f} tok/s "
+          f"weights {weight_bytes(model) / 2**30:.2f} GiB", flush=True)
+
+
+def check_quality(fp16, w4, converted, tokens, pos) -> dict:
+    """The W4A16 model's logits against the same model with the dequantized weights in fp16 (kernel
+    tolerance) and against the original fp16 model (the 4-bit rounding error, reported)."""
+    dequantized = copy.deepcopy(fp16)
+    with torch.inference_mode():
+        for name in converted:
+            dequantized.get_submodule(name).weight.copy_(w4.get_submodule(name).dequantized_weight(torch.float16))
+        logits_w4, logits_fp16, logits_deq = w4(tokens, pos), fp16(tokens, pos), dequantized(tokens, pos)
+    del dequantized
+    quality = {
+        "rel_err_w4a16_vs_dequantized_fp16": rel_err(logits_w4, logits_deq),
+        "rel_err_w4a16_vs_original_fp16": rel_err(logits_w4, logits_fp16),
+        "top1_agreement_vs_original_fp16": float((logits_w4.argmax(-1) == logits_fp16.argmax(-1)).float().mean()),
+    }
+    print(quality, flush=True)
+    assert quality["rel_err_w4a16_vs_dequantized_fp16"] < 2e-2, quality
+    return quality
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--batches", default="1,16")
@@ -146,7 +183,12 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--out", default="")
     ap.add_argument("--compile", action="store_true", help="also time the step with every block torch.compile'd")
+    ap.add_argument("--lm-head", default="fp16", help="comma list of the LM head's format in the W4A16 model: fp16 (kept, "
+                    "the usual recipe) and / or w4a16 (quantized too, a model-quality choice); one W4A16 model per entry")
     args = ap.parse_args()
+    heads = args.lm_head.split(",")
+    if not heads or set(heads) - {"fp16", "w4a16"}:
+        raise SystemExit(f"--lm-head: expected a comma list of fp16 / w4a16, got {args.lm_head!r}")
 
     kernel = timing.load_kernel()
     cfg = dict(LLAMA3_8B, layers=args.layers)
@@ -163,48 +205,31 @@ def main() -> None:
         for block in fp16.blocks:  # a filled context of random keys / values
             block.k_cache.normal_()
             block.v_cache.normal_()
-        w4 = copy.deepcopy(fp16)
-        summary = kernel.layers.convert_to_w4a16(w4, group_size=128, skip=("lm_head",))
-        print(summary, flush=True)
         tokens = torch.randint(0, cfg["vocab"], (batch, 1), device="cuda")
         pos = torch.tensor([args.context], device="cuda")
+        # every W4A16 model is converted (and checked) before any block is compiled: a deep copy of the fp16
+        # model must not carry a compiled forward
+        models = [("fp16", {}, fp16)]
+        for head in heads:
+            w4 = copy.deepcopy(fp16)
+            summary = kernel.layers.convert_to_w4a16(w4, group_size=128, skip=("lm_head",) if head == "fp16" else ())
+            print(f"lm_head {head}: {summary}", flush=True)
+            if batch == batches[0]:
+                quality[f"lm_head_{head}"] = check_quality(fp16, w4, summary.converted, tokens, pos)
+            models.append(("w4a16", {"lm_head": head}, w4))
         for method in ("cuda_graph", "compile+cuda_graph") if args.compile else ("cuda_graph",):
-            for impl, model in (("fp16", fp16), ("w4a16", w4)):
-                if method != "cuda_graph":
-                    for block in model.blocks:
-                        block.compile(fullgraph=True)  # identical blocks share one compiled graph
-                try:
-                    ms = graph_step_ms(model, tokens, pos)
-                except Exception as exc:  # noqa: BLE001 - a failed compile is reported, the eager rows still count
-                    print(f"batch {batch:3d} {impl:6s} {method}: FAILED {exc!r}"[:600], flush=True)
-                    continue
-                rows.append(dict(batch=batch, impl=impl, method=method, tokens_per_s=batch * 1000.0 / ms, ms_per_step=ms,
-                                 weight_bytes=weight_bytes(model)))
-                print(f"batch {batch:3d} {impl:6s} {method:18s} {ms:7.3f} ms/step {batch * 1000.0 / ms:9.1f} tok/s "
-                      f"weights {weight_bytes(model) / 2**30:.2f} GiB", flush=True)
-        if batch == batches[0]:
-            with torch.inference_mode():
-                logits_w4 = w4(tokens, pos)
-                logits_fp16 = fp16(tokens, pos)
-                for name in summary.converted:  # the same model with the dequantized weights in fp16
-                    fp16.get_submodule(name).weight.copy_(w4.get_submodule(name).dequantized_weight(torch.float16))
-                logits_deq = fp16(tokens, pos)
-            quality = {
-                "rel_err_w4a16_vs_dequantized_fp16": rel_err(logits_w4, logits_deq),
-                "rel_err_w4a16_vs_original_fp16": rel_err(logits_w4, logits_fp16),
-                "top1_agreement_vs_original_fp16": float((logits_w4.argmax(-1) == logits_fp16.argmax(-1)).float().mean()),
-            }
-            print(quality, flush=True)
-            assert quality["rel_err_w4a16_vs_dequantized_fp16"] < 2e-2, quality
-        del fp16, w4
+            for impl, fields, model in models:
+                time_step(rows, batch, method, impl, model, tokens, pos, **fields)
+        del fp16, w4, models
         torch.cuda.empty_cache()
     for b in batches:
         for method in dict.fromkeys(r["method"] for r in rows):
-            f, w = (next((r for r in rows if r["batch"] == b and r["impl"] == i and r["method"] == method), None) for i in ("fp16", "w4a16"))
-            if f and w:
-                print(f"batch {b} {method}: W4A16 {w['tokens_per_s'] / f['tokens_per_s']:.2f}x fp16 tokens/s")
+            f = next((r for r in rows if r["batch"] == b and r["impl"] == "fp16" and r["method"] == method), None)
+            for w in (r for r in rows if f and r["batch"] == b and r["impl"] == "w4a16" and r["method"] == method):
+                print(f"batch {b} {method} lm_head {w['lm_head']}: W4A16 {w['tokens_per_s'] / f['tokens_per_s']:.2f}x fp16 tokens/s")
     if args.out:
-        result = {**timing.machine_info(), "model": f"Llama-3-8B-shaped decoder ({cfg['layers']} layers, random weights, KV context {args.context}), lm_head kept fp16",
+        result = {**timing.machine_info(), "model": f"Llama-3-8B-shaped decoder ({cfg['layers']} layers, random weights, KV context {args.context}); "
+                                                      "w4a16 rows' `lm_head`: the LM head kept fp16 or quantized too",
                   "method": "one decode step captured in a CUDA graph, mean of 30 replays; rows' `method`: cuda_graph "
                             "(eager modules) or compile+cuda_graph (each block torch.compile'd first)", "quality": quality, "rows": rows}
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -137,7 +137,7 @@ def main() -> None:
     shapes_data = timing.load_shapes()
     ap.add_argument("--m", default=",".join(map(str, shapes_data["decode_M"])))
     ap.add_argument("--variants", default="base")
-    ap.add_argument("--shapes", default="")
+    ap.add_argument("--shapes", default="", help="comma list of shape names or name=NxK (default: all)")
     ap.add_argument("--out", default="")
     ap.add_argument("--merge", action="store_true", help="add rows to an existing --out file (replacing equal keys)")
     args = ap.parse_args()
@@ -145,15 +145,13 @@ def main() -> None:
     kernel = timing.load_kernel()
     ms = [int(v) for v in args.m.split(",")]
     variants = args.variants.split(",")
-    wanted = set(filter(None, args.shapes.split(",")))
     rows: list = []
     old = json.loads(Path(args.out).read_text()) if (args.merge and args.out and Path(args.out).exists()) else {"rows": []}
     old_rows, old_commit = old["rows"], old.get("commit", "unknown")
-    for shape in shapes_data["shapes"]:
-        if not wanted or shape["name"] in wanted:
-            bench_shape(kernel, shape, ms, variants, rows)
-            if args.out:  # after every shape, so a run cut short keeps what it measured
-                write_results(Path(args.out), rows, old_rows, old_commit)
+    for shape in timing.select_shapes(args.shapes, shapes_data):
+        bench_shape(kernel, shape, ms, variants, rows)
+        if args.out:  # after every shape, so a run cut short keeps what it measured
+            write_results(Path(args.out), rows, old_rows, old_commit)
     print_table(rows)
     summary(rows)
 

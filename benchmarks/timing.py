@@ -49,6 +49,29 @@ def load_shapes() -> dict:
             "decode_M": [1, 2, 4, 8, 16], "batch_M": [32, 64, 128, 256, 512, 1024, 4096]}
 
 
+def select_shapes(spec: str, shapes_data: dict | None = None) -> list[dict]:
+    """The shapes a comma list names: names of the shapes file (empty list: all of them) and literal
+    `name=NxK` entries for shapes outside it (e.g. `8B.lm_head=128256x4096`, the LM head of bench_e2e)."""
+    known = (shapes_data or load_shapes())["shapes"]
+    names = [s for s in spec.split(",") if s]
+    if not names:
+        return list(known)
+    by_name = {s["name"]: s for s in known}
+    chosen = []
+    for name in names:
+        if "=" in name:
+            label, dims = name.split("=", 1)
+            n, _, k = dims.lower().partition("x")
+            if not (n.isdigit() and k.isdigit()):
+                raise SystemExit(f"--shapes: {name!r} is not name=NxK (e.g. 8B.lm_head=128256x4096)")
+            chosen.append({"name": label, "N": int(n), "K": int(k)})
+        elif name in by_name:
+            chosen.append(by_name[name])
+        else:
+            raise SystemExit(f"--shapes: unknown shape {name!r}; known: {', '.join(by_name)}, or name=NxK")
+    return chosen
+
+
 def copies_needed(bytes_per_copy: int, l2_bytes: int | None = None) -> int:
     """Weight copies whose total exceeds 3x the L2, so every call streams from HBM."""
     if l2_bytes is None:

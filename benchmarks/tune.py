@@ -162,7 +162,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=str(timing.REPO / "torch-ext" / "w4a16" / "tuned_nvidia_h200.json"))
     ap.add_argument("--m", default=",".join(map(str, M_BUCKETS)))
-    ap.add_argument("--shapes", default="", help="comma list of shape names (default: all)")
+    ap.add_argument("--shapes", default="", help="comma list of shape names or name=NxK (default: all)")
     ap.add_argument("--log", default="", help="write every timing here (JSON)")
     ap.add_argument("--merge", action="store_true", help="keep the --out table's entries for (N, K, M, format) not tuned now")
     ap.add_argument("--variant", default="base", choices=list(timing.VARIANTS),
@@ -189,13 +189,10 @@ def main() -> None:
         key = kernel.dispatch.format_key(dtype, timing.effective_group_size(group_size, k), symmetric, act_order)
         fields = dict(zip(("dtype", "group_size", "symmetric"), key[:3]))
         return {**fields, "act_order": True} if act_order else fields
-    wanted = set(filter(None, args.shapes.split(",")))
     ms = [int(v) for v in args.m.split(",")]
     entries, log = [], []
     kept = json.loads(Path(args.out).read_text())["entries"] if (args.merge and Path(args.out).exists()) else []
-    for shape in shapes["shapes"]:
-        if wanted and shape["name"] not in wanted:
-            continue
+    for shape in timing.select_shapes(args.shapes, shapes):
         n, k = shape["N"], shape["K"]
         fmt = format_fields(k)
         g = timing.effective_group_size(group_size, k)

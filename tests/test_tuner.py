@@ -190,3 +190,19 @@ def test_bench_results_keep_each_rows_own_fp16_time(tmp_path, monkeypatch):
     assert report.speedup(rows[("w4a16", 64, "old")], latest_fp16) == pytest.approx(10.0 / 8.0)
     assert report.speedup(rows[("w4a16", 128, "new")], latest_fp16) == pytest.approx(3.0)
     assert report.speedup(dict(shape, impl="w4a16", us=6.0), latest_fp16) == pytest.approx(2.0)  # older files: the file's fp16 row
+
+
+@pytest.mark.kernels_ci
+def test_shape_selection_takes_names_and_literal_shapes():
+    """--shapes of tune.py / bench_gemm.py: names of the shapes file, `name=NxK` for a shape outside it (the LM
+    head of bench_e2e), all shapes for an empty list; anything else is refused with the known names."""
+    _tune_module()  # puts benchmarks/ on sys.path
+    import timing
+
+    data = {"shapes": [{"name": "8B.qkv", "N": 6144, "K": 4096}, {"name": "8B.o", "N": 4096, "K": 4096}]}
+    assert timing.select_shapes("", data) == data["shapes"]
+    assert timing.select_shapes("8B.o,8B.lm_head=128256x4096", data) == [
+        {"name": "8B.o", "N": 4096, "K": 4096}, {"name": "8B.lm_head", "N": 128256, "K": 4096}]
+    for bad in ("8B.nope", "head=128256*4096", "head=x4096"):
+        with pytest.raises(SystemExit, match="--shapes"):
+            timing.select_shapes(bad, data)
