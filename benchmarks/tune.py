@@ -94,12 +94,14 @@ def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536):
         yield "dense", {}
 
 
-def around_plan(kernel, plan, m: int, act_order: bool = False):
+def around_plan(kernel, plan, m: int, act_order: bool = False, n: int = 0, k: int = 0, sm_count: int = 0,
+                regs_per_sm: int = 65536):
     """`--around-plan`: the dispatcher's current plan for the call as it is, then with one option changed
     at a time (tensor-core plans): DOT_PARTS set to each other value of 1, 2, 4, 8, at M = 1 (fold
-    plans) ONE_TOKEN flipped, and for act-order GATHER_PDL flipped (the GEMM launched as a programmatic
-    dependent of the gather of x). Decides the options in a few timings where a full search would take
-    minutes per shape."""
+    plans) ONE_TOKEN flipped, for act-order GATHER_PDL flipped (the GEMM launched as a programmatic
+    dependent of the gather of x), and for uncapped 4-warp scale-in-operand plans the register cap that
+    fits four CTAs per SM (`four_ctas_per_sm`). Decides the options in a few timings where a full search
+    would take minutes per shape."""
     config = dict(plan.config)
     yield plan.path, config
     if plan.path not in kernel.dispatch.TENSOR_CORE_PATHS:
@@ -111,6 +113,29 @@ def around_plan(kernel, plan, m: int, act_order: bool = False):
         yield plan.path, _with_option(config, "ONE_TOKEN", not config.get("ONE_TOKEN", False), default=False)
     if act_order:
         yield plan.path, _with_option(config, "GATHER_PDL", not config.get("GATHER_PDL", False), default=False)
+    if n and k and sm_count:
+        yield from ((plan.path, c) for c in four_ctas_per_sm(plan.path, config, m, n, k, sm_count, regs_per_sm))
+
+
+def four_ctas_per_sm(path: str, config: dict, m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536):
+    """A 4-warp scale-in-operand plan takes ~132 registers at BLOCK_N = 128 (Triton 3.6, sm_90): three CTAs
+    per SM. Capped at 128 (sm_90 SASS: no spills, 420 loop instructions against 413) four fit, one more
+    warp per scheduler for a loop that ncu finds latency-bound (NOTES v14). The cap alone, and with the grid
+    grown to use the fourth CTA: the next split whose CTAs still fit four per SM, or four Stream-K programs
+    per SM."""
+    if not config.get("SCALE_IN_OPERAND") or config.get("maxnreg") or config.get("num_warps", 4) != 4:
+        return
+    cap = regs_per_sm // (4 * 4 * 32) // 8 * 8
+    yield {**config, "maxnreg": cap}
+    if path == "streamk":
+        if config["PROGRAMS"] < 4 * sm_count:
+            yield {**config, "maxnreg": cap, "PROGRAMS": 4 * sm_count}
+        return
+    tiles = -(-n // config["BLOCK_N"]) * -(-m // config["BLOCK_M"])
+    split = config.get("SPLIT_K", 1)
+    grown = [s for s in (2, 3, 4, 6, 8, 12, 16) if s > split and tiles * s <= 4 * sm_count and -(-k // 128) // s >= 2]
+    if grown:
+        yield {**config, "maxnreg": cap, "SPLIT_K": grown[-1]}
 
 
 def with_incumbent(plan, pairs, neighbours=()):
@@ -205,7 +230,7 @@ def main() -> None:
             best = None
             current = kernel.plan_for(w0, m, dtype)
             neighbours = [kernel.plan_for(w0, mm, dtype) for mm in neighbour_buckets(m)]
-            pairs = around_plan(kernel, current, m, act_order) if args.around_plan else with_incumbent(
+            pairs = around_plan(kernel, current, m, act_order, n, k, sm_count, regs_per_sm) if args.around_plan else with_incumbent(
                 current, (pair for pair in candidates(m, n, k, sm_count, regs_per_sm) if not paths or pair[0] in paths),
                 neighbours)
             for path, config in pairs:

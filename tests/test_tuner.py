@@ -206,3 +206,33 @@ def test_shape_selection_takes_names_and_literal_shapes():
     for bad in ("8B.nope", "head=128256*4096", "head=x4096"):
         with pytest.raises(SystemExit, match="--shapes"):
             timing.select_shapes(bad, data)
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("m", [1, 16])
+def test_around_plan_offers_a_fourth_cta_per_sm(w4a16, m):
+    """--around-plan on an uncapped 4-warp scale-in-operand plan also times the register cap that fits four
+    CTAs per SM (128 on a 64K-register SM), alone and with the grid grown into the fourth CTA (a larger split
+    whose CTAs still fit, or four Stream-K programs per SM); capped, fold and 8-warp plans get no such candidate."""
+    tune = _tune_module()
+    dispatch = w4a16.dispatch
+    cpu, sms = torch.device("cpu"), 132
+    sio = {"BLOCK_N": 128, "BLOCK_M": 16, "SPLIT_K": 8, "num_warps": 4, "num_stages": 3, "SCALE_IN_OPERAND": True}
+    for path, config, n, k in [("splitk", sio, 4096, 4096), ("splitk", sio, 6144, 4096),
+                               ("streamk", {**{x: v for x, v in sio.items() if x != "SPLIT_K"}, "PROGRAMS": 3 * sms}, 57344, 8192),
+                               ("splitk", {**sio, "maxnreg": 168}, 4096, 4096), ("splitk", {**sio, "SCALE_IN_OPERAND": False}, 4096, 4096),
+                               ("tiled", {**sio, "SPLIT_K": 1, "BLOCK_N": 256, "num_warps": 8}, 28672, 4096)]:
+        plan = dispatch.plan_gemm(m, n, k, 128, torch.float16, cpu, path=path, config=config)
+        capped = [c for _, c in tune.around_plan(w4a16, plan, m, False, n, k, sms) if c.get("maxnreg") != config.get("maxnreg")]
+        eligible = config["SCALE_IN_OPERAND"] and config["num_warps"] == 4 and "maxnreg" not in config
+        if not eligible:
+            assert capped == []
+            continue
+        assert capped[0] == {**config, "maxnreg": 128}
+        for c in capped:
+            ctas = c["PROGRAMS"] if path == "streamk" else -(-n // c["BLOCK_N"]) * c["SPLIT_K"]
+            assert ctas <= 4 * sms
+            dispatch.plan_gemm(m, n, k, 128, torch.float16, cpu, path=path, config=c)  # accepted
+        grown = {"streamk": {**config, "maxnreg": 128, "PROGRAMS": 4 * sms}, 4096: {**config, "maxnreg": 128, "SPLIT_K": 16}}
+        expected = grown["streamk"] if path == "streamk" else grown.get(n)  # 6144 x 4096: split 12 would not fit
+        assert capped[1:] == ([expected] if expected else [])
