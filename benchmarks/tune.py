@@ -197,6 +197,9 @@ def main() -> None:
     ap.add_argument("--around-plan", action="store_true",
                     help="time only the current plan and the same with one option changed (DOT_PARTS; ONE_TOKEN at M = 1; "
                          "GATHER_PDL for act-order)")
+    ap.add_argument("--incumbents-only", action="store_true",
+                    help="time only the current plan, the neighbouring M buckets' plans and (a format other than the base) "
+                         "the base format's plan for the same shape and M: a cheap check of stale entries")
     args = ap.parse_args()
 
     kernel = timing.load_kernel()
@@ -231,9 +234,12 @@ def main() -> None:
             best = None
             current = kernel.plan_for(w0, m, dtype)
             neighbours = [kernel.plan_for(w0, mm, dtype) for mm in neighbour_buckets(m)]
-            pairs = around_plan(kernel, current, m, act_order, n, k, sm_count, regs_per_sm) if args.around_plan else with_incumbent(
-                current, (pair for pair in candidates(m, n, k, sm_count, regs_per_sm) if not paths or pair[0] in paths),
-                neighbours)
+            if args.variant != "base":  # a format can always run the base format's plan (v17: stale symmetric entries)
+                neighbours.append(kernel.dispatch.plan_gemm(m, n, k, table_group_size, torch.float16, w0.qweight.device))
+            searched = () if args.incumbents_only else (
+                pair for pair in candidates(m, n, k, sm_count, regs_per_sm) if not paths or pair[0] in paths)
+            pairs = (around_plan(kernel, current, m, act_order, n, k, sm_count, regs_per_sm) if args.around_plan
+                     else with_incumbent(current, searched, neighbours))
             for path, config in pairs:
                 try:
                     us = time_candidate(kernel, weights, x, k, g, path, config, reference)
