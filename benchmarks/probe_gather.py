@@ -2,7 +2,7 @@
 gather (`gemm.gather_columns`), alone (against a plain copy of x, the bandwidth reference) at decode and
 prefill M, and in front of the base GEMM, GPU time in a CUDA graph (timing.py).
 
-    python benchmarks/probe_gather.py [--m 1,16,64,256,1024] [--out benchmarks/results/h200_gather_probe.json]
+    python benchmarks/probe_gather.py [--m 1,16,64,256,1024] [--forms] [--out benchmarks/results/h200_gather_probe.json]
 
 W4A16_SOURCE=<an older tree's package> times that tree's gather (timing.load_kernel).
 """
@@ -20,13 +20,41 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import timing  # noqa: E402
 
 
+def gather_form(kernel, x, perm, form: str) -> torch.Tensor:
+    """`gemm.gather_columns` with its form forced (the package picks it by M)."""
+    m, k = x.shape
+    out = torch.empty_like(x)
+    block = kernel.gemm._GATHER_BLOCKS[form][0]
+    cols = -(-k // block) * block if form == "rows" else block
+    kernel.gemm._gather_columns[(form, False)]((m, -(-k // cols)), (x, perm, out), (k, x.stride(0), cols), torch.cuda.current_stream())
+    return out
+
+
+def time_forms(kernel, ms, out) -> None:
+    rows = []
+    for k in (4096, 14336, 28672):
+        for m in ms:
+            x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+            perm = torch.randperm(k, device="cuda")
+            for form in kernel.gemm._GATHER_BLOCKS:
+                assert torch.equal(gather_form(kernel, x, perm, form), x.index_select(1, perm))
+                rows.append({"K": k, "M": m, "form": form, "us": timing.gpu_time_us([lambda f=form: gather_form(kernel, x, perm, f)] * 4)})
+            print(k, m, " ".join(f"{r['form']}={r['us']:.2f}" for r in rows[-2:]), flush=True)
+    if out:
+        Path(out).write_text(json.dumps({**timing.machine_info(), "rows": rows}, indent=1) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--m", default="1,16")
     ap.add_argument("--out", default="")
+    ap.add_argument("--forms", action="store_true",
+                    help="only time each form of the package's gather (columns / rows) at every --m, whichever M picks")
     args = ap.parse_args()
     kernel = timing.load_kernel()
     rows = []
+    if args.forms:
+        return time_forms(kernel, [int(v) for v in args.m.split(",")], args.out)
     for k in (4096, 14336, 28672):
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, k, device="cuda", dtype=torch.float16)
