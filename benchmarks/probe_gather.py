@@ -26,7 +26,8 @@ def gather_form(kernel, x, perm, form: str) -> torch.Tensor:
     out = torch.empty_like(x)
     block = kernel.gemm._GATHER_BLOCKS[form][0]
     cols = -(-k // block) * block if form == "rows" else block
-    kernel.gemm._gather_columns[(form, False)]((m, -(-k // cols)), (x, perm, out), (k, x.stride(0), cols), torch.cuda.current_stream())
+    kernel.gemm._gather_columns[(form, False)]((m, -(-k // cols)), (x, perm, out), (k, x.stride(0), cols),
+                                                kernel.gemm.current_stream(x.device))
     return out
 
 
