@@ -159,11 +159,11 @@ def test_shipped_tile_configs(w4a16, device, kernel_path, config, group_size, dt
     assert_path_matches_reference(w4a16, weight, ref, (kernel_path, config), dtype, device, (33, config["BLOCK_M"] + 4), seed=14)
 
 
-@pytest.mark.parametrize("m,k", [(1, 8), (3, 1000), (2, 2056), (5, 2056), (260, 9000)])
+@pytest.mark.parametrize("m,k", [(1, 8), (3, 1000), (2, 2056), (5, 2056), (63, 1500), (64, 4100), (260, 9000)])
 def test_gather_columns_is_index_select(w4a16, device, m, k):
     """The act-order gather kernel: x[:, perm] exactly, for a strided x and K not a multiple of its block;
-    one program per 1024 columns (M < 256) and, at M = 260, one program per whole row over three 4096-column
-    steps (the last one partly past K)."""
+    one program per 1024 columns (M < 64) and, from M = 64, one program per whole row in 4096-column steps
+    (at K = 9000 three, the last one partly past K)."""
     if not triton_available(device):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     gen = torch.Generator().manual_seed(k)

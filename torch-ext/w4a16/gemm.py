@@ -32,7 +32,7 @@ Kernels:
   `benchmarks/tune.py` considers it for M <= 2 on every GPU).
 - `_dequantize_kernel`: writes the fp16/bf16 weight [N, K] for the dense (cuBLAS) prefill path.
 - `_gather_columns_kernel`: act-order's x[:, perm] before the GEMM (per 1024 columns at small M, per whole
-  row from M = 256); on sm_90+ the GEMM may follow it as a programmatic dependent (tuned option GATHER_PDL).
+  row from M = 64); on sm_90+ the GEMM may follow it as a programmatic dependent (tuned option GATHER_PDL).
 
 Split-K reduction: each split writes its fp32 partial tile to a workspace; a per-tile arrival counter
 (atomic) elects the last split, which sums the partials in split order (deterministic) and writes y,
@@ -801,7 +801,7 @@ def dequantize_native(qweight, scales, zeros, in_features: int, group_size: int,
     return w
 
 
-_GATHER_WHOLE_ROWS_M = 256  # from this M one program per whole row (NOTES v15)
+_GATHER_WHOLE_ROWS_M = 64  # from this M one program per whole row (NOTES v15; v17: faster from M = 64 on the H200)
 # One prepared launch per form (constexprs and options never vary; what each keeps per specialisation,
 # the compiled kernel, is a cache like Triton's own): 1024-column programs of 4 warps for small M;
 # whole-row programs of 32 warps (two per SM: at most two rows of x in an SM's L1) for large M.
