@@ -127,12 +127,15 @@ def quantize_weight_int4_grouped(
         step = (w_max - w_min) / 15.0
     step = step.clamp(min=torch.finfo(store_dtype).tiny * 16)
     scales = _round_up_to(step, store_dtype)
-    s = scales.to(torch.float32)
+    # The rounding decisions in float64 (exact for these operands; MPS has no float64): in float32, w / s + z
+    # can land on the wrong side of a half step for fp32 weights (by ~1e-6 of a step, NOTES v17)
+    exact = torch.float32 if w.device.type == "mps" else torch.float64
+    s = scales.to(exact)
     if symmetric:
         zeros_f = torch.full_like(s, float(SYMMETRIC_ZERO))
     else:
-        zeros_f = torch.round(-w_min / s).clamp(0, 15)
-    codes = torch.round(w / s.unsqueeze(1) + zeros_f.unsqueeze(1)).clamp(0, 15).to(torch.uint8)
+        zeros_f = torch.round(-w_min.to(exact) / s).clamp(0, 15)
+    codes = torch.round(w.to(exact) / s.unsqueeze(1) + zeros_f.unsqueeze(1)).clamp(0, 15).to(torch.uint8)
     packed = pack_int4_k_major(codes.reshape(k, n))
     return packed, scales, zeros_f.to(store_dtype)
 
