@@ -196,7 +196,7 @@ def main() -> None:
     ap.add_argument("--paths", default="", help="comma list: time only candidates of these paths (the current plan is timed first in any case)")
     ap.add_argument("--around-plan", action="store_true",
                     help="time only the current plan and the same with one option changed (DOT_PARTS; ONE_TOKEN at M = 1; "
-                         "GATHER_PDL for act-order)")
+                         "GATHER_PDL for act-order; the four-CTA register cap for 4-warp scale-in-operand plans)")
     ap.add_argument("--incumbents-only", action="store_true",
                     help="time only the current plan, the neighbouring M buckets' plans and (a format other than the base) "
                          "the base format's plan for the same shape and M: a cheap check of stale entries")

@@ -7,6 +7,7 @@ without the package's dequantize.
 """
 
 import dataclasses
+import importlib
 import os
 import re
 
@@ -239,6 +240,18 @@ def test_seed_api_round_trip(w4a16, device):
     ref = x.double() @ w4a16.dequantize_int4_grouped(packed, scales, zeros, 128, torch.float64)
     y = w4a16.w4a16_gemm(x.to(device), packed.to(device), scales.to(device), zeros.to(device), 128)
     assert float((y.double().cpu() - ref).norm() / ref.norm()) < TOL[torch.float16]
+
+
+@pytest.mark.kernels_ci
+def test_quantize_rounds_in_column_chunks(w4a16, monkeypatch):
+    """The quantizer rounds the codes in float64 column chunks (bounded temporaries for an LM head): chunks of
+    7 columns, the last one ragged, give the same packed weight, scales and zeros as one chunk."""
+    quantize = importlib.import_module(w4a16.__name__ + ".quantize")
+    w = torch.randn(256, 24, generator=torch.Generator().manual_seed(5)) * 3
+    whole = w4a16.quantize_weight_int4_grouped(w, 64, False)
+    monkeypatch.setattr(quantize, "_CODES_CHUNK", 7)
+    for a, b in zip(whole, w4a16.quantize_weight_int4_grouped(w, 64, False)):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.kernels_ci

@@ -135,9 +135,16 @@ def quantize_weight_int4_grouped(
         zeros_f = torch.full_like(s, float(SYMMETRIC_ZERO))
     else:
         zeros_f = torch.round(-w_min.to(exact) / s).clamp(0, 15)
-    codes = torch.round(w.to(exact) / s.unsqueeze(1) + zeros_f.unsqueeze(1)).clamp(0, 15).to(torch.uint8)
+    codes = torch.empty(w.shape, dtype=torch.uint8, device=w.device)
+    for j in range(0, n, _CODES_CHUNK):  # in column chunks: the float64 temporaries stay small for an LM head
+        cols = slice(j, j + _CODES_CHUNK)
+        exact_codes = torch.round(w[..., cols].to(exact) / s[:, None, cols] + zeros_f[:, None, cols])
+        codes[..., cols] = exact_codes.clamp(0, 15).to(torch.uint8)
     packed = pack_int4_k_major(codes.reshape(k, n))
     return packed, scales, zeros_f.to(store_dtype)
+
+
+_CODES_CHUNK = 8192  # output columns per step of the code rounding (a 4096-row chunk in float64: 256 MiB)
 
 
 def _round_up_to(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
