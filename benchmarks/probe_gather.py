@@ -20,26 +20,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import timing  # noqa: E402
 
 
-def gather_form(kernel, x, perm, form: str) -> torch.Tensor:
-    """`gemm.gather_columns` with its form forced (the package picks it by M)."""
-    m, k = x.shape
-    out = torch.empty_like(x)
-    block = kernel.gemm._GATHER_BLOCKS[form][0]
-    cols = -(-k // block) * block if form == "rows" else block
-    kernel.gemm._gather_columns[(form, False)]((m, -(-k // cols)), (x, perm, out), (k, x.stride(0), cols),
-                                                kernel.gemm.current_stream(x.device))
-    return out
-
-
 def time_forms(kernel, ms, out) -> None:
     rows = []
     for k in (4096, 14336, 28672):
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.float16)
             perm = torch.randperm(k, device="cuda")
-            for form in kernel.gemm._GATHER_BLOCKS:
-                assert torch.equal(gather_form(kernel, x, perm, form), x.index_select(1, perm))
-                rows.append({"K": k, "M": m, "form": form, "us": timing.gpu_time_us([lambda f=form: gather_form(kernel, x, perm, f)] * 4)})
+            for form in ("columns", "rows"):
+                gather = lambda f=form: kernel.gemm.gather_columns(x, perm, form=f)  # noqa: E731
+                assert torch.equal(gather(), x.index_select(1, perm))
+                rows.append({"K": k, "M": m, "form": form, "us": timing.gpu_time_us([gather] * 4)})
             print(k, m, " ".join(f"{r['form']}={r['us']:.2f}" for r in rows[-2:]), flush=True)
     if out:
         Path(out).write_text(json.dumps({**timing.machine_info(), "rows": rows}, indent=1) + "\n")

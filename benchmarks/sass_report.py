@@ -154,7 +154,7 @@ COLUMNS = (("regs", "regs", 4), ("stack", "stack", 5), ("smem_kb", "smem", 5), (
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default="", help="comma list of shape names (default: all)")
+    ap.add_argument("--shapes", default="", help="comma list of shape names or name=NxK (default: all)")
     ap.add_argument("--m", default="1,16,128")
     ap.add_argument("--variant", default="base", choices=list(timing.VARIANTS))
     ap.add_argument("--set", default="", help="KEY=INT,... replacing the tuned plans' configuration entries (e.g. DOT_PARTS=2)")
@@ -162,15 +162,12 @@ def main() -> None:
     overrides = {key: int(value) for key, value in (item.split("=") for item in filter(None, args.set.split(",")))}
     os.environ.pop("TRITON_INTERPRET", None)
     kernel = timing.load_kernel()
-    wanted = set(filter(None, args.shapes.split(",")))
     print(f"Triton {triton.__version__}, sm_90; loop = the largest loop's instructions, 1st mma = its position in the loop,")
     print("overlap = loop instructions issued while a wgmma is in flight (before the wait on it), sass = digest of the whole")
     print("kernel's instruction text (equal digests: identical machine code, e.g. after a refactor)")
     print("smem = shared memory per CTA (KB), ctas = CTAs per SM that fit (registers, shared memory, warps; sm_90 limits)")
     print(f"{'shape':12s} {'M':>5s}  " + " ".join(f"{title:>{width}s}" for _, title, width in COLUMNS) + "  plan")
-    for shape in timing.load_shapes()["shapes"]:
-        if wanted and shape["name"] not in wanted:
-            continue
+    for shape in timing.select_shapes(args.shapes):
         for m in (int(v) for v in args.m.split(",")):
             for plan, prepared, tensors, ints in captured_launches(kernel, m, shape["N"], shape["K"], args.variant, overrides):
                 s = {}  # dense / reference plans: no Triton kernel, every column "-"

@@ -29,13 +29,24 @@ import timing  # noqa: E402
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 
+def split_counts(tiles: int, k: int, sm_count: int, most: int = 16) -> list[int]:
+    """SPLIT_K values worth timing for a grid of `tiles` output tiles: 1, and every split whose CTAs fit four
+    per SM with at least two 128-row K blocks each; 3, 6 and 12 too: the right split fills whole waves of CTAs
+    (no half-empty last wave)."""
+    k_blocks = -(-k // 128)
+    return [s for s in (1, 2, 3, 4, 6, 8, 12, 16) if s <= most and (s == 1 or (tiles * s <= 4 * sm_count and k_blocks // s >= 2))]
+
+
+def register_cap(regs_per_sm: int, ctas: int, num_warps: int) -> int:
+    """The largest maxnreg (a multiple of 8) at which `ctas` CTAs of `num_warps` warps fit one SM's registers."""
+    return regs_per_sm // (ctas * num_warps * 32) // 8 * 8
+
+
 def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536):
     """(path, config) pairs worth timing for this shape; split-K only where it can fill the SMs."""
-    k_blocks = -(-k // 128)
 
     def splits(tiles, most=16):
-        # 3, 6 and 12 too: the right split fills whole waves of CTAs (no half-empty last wave)
-        return [s for s in (1, 2, 3, 4, 6, 8, 12, 16) if s <= most and (s == 1 or (tiles * s <= 4 * sm_count and k_blocks // s >= 2))]
+        return split_counts(tiles, k, sm_count, most)
 
     def cfg(bn, bm, w, st, split, operand=False, maxnreg=None):
         c = {"BLOCK_N": bn, "BLOCK_M": bm, "SPLIT_K": split, "num_warps": w, "num_stages": st, "SCALE_IN_OPERAND": operand}
@@ -70,7 +81,7 @@ def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536):
         # (168 on a 64K-register SM; sm_90 SASS: no spills, the loop as long).
         for bn, w, st, operand in ((128, 4, 4, False), (256, 8, 3, False), (128, 4, 4, True)):
             for per_sm in (1, 2, 3):
-                caps = (None, regs_per_sm // (per_sm * w * 32) // 8 * 8) if (operand and per_sm == 3) else (None,)
+                caps = (None, register_cap(regs_per_sm, per_sm, w)) if (operand and per_sm == 3) else (None,)
                 for one_token, maxnreg in itertools.product((False, True) if (m == 1 and not operand) else (False,), caps):
                     c = cfg(bn, bm, w, st, 1, operand, maxnreg)
                     del c["SPLIT_K"]
@@ -126,15 +137,14 @@ def four_ctas_per_sm(path: str, config: dict, m: int, n: int, k: int, sm_count: 
     at M = 4, 8 (split 3 -> 6, 4-5% faster)."""
     if not config.get("SCALE_IN_OPERAND") or config.get("maxnreg") or config.get("num_warps", 4) != 4:
         return
-    cap = regs_per_sm // (4 * 4 * 32) // 8 * 8
+    cap = register_cap(regs_per_sm, 4, 4)
     yield {**config, "maxnreg": cap}
     if path == "streamk":
         if config["PROGRAMS"] < 4 * sm_count:
             yield {**config, "maxnreg": cap, "PROGRAMS": 4 * sm_count}
         return
     tiles = -(-n // config["BLOCK_N"]) * -(-m // config["BLOCK_M"])
-    split = config.get("SPLIT_K", 1)
-    grown = [s for s in (2, 3, 4, 6, 8, 12, 16) if s > split and tiles * s <= 4 * sm_count and -(-k // 128) // s >= 2]
+    grown = [s for s in split_counts(tiles, k, sm_count) if s > config.get("SPLIT_K", 1)]
     if grown:
         yield {**config, "maxnreg": cap, "SPLIT_K": grown[-1]}
 
@@ -256,7 +266,7 @@ def main() -> None:
             entries.append({"N": n, "K": k, "M": m, **fmt, "path": path, **config, "us": round(us, 2), "tuned_at": info["commit"]})
             print(f"{shape['name']:12s} {args.variant:5s} M={m:5d} best {path:7s} {config} {us:8.2f} us", flush=True)
             # after every entry: a run cut short by its time limit keeps everything it decided
-            write_table(args, info, table_group_size, merged(kept, entries), log)
+            write_table(args, info, table_group_size, sm_count, merged(kept, entries), log)
         del weights
         torch.cuda.empty_cache()
     print(f"wrote {args.out} ({len(entries)} entries)")
@@ -272,7 +282,7 @@ def merged(kept: list, entries: list) -> list:
     return sorted([e for e in kept if _entry_key(e) not in new] + entries, key=_entry_key)
 
 
-def write_table(args, info, group_size, entries, log) -> None:
+def write_table(args, info, group_size, sm_count, entries, log) -> None:
     """Written after every entry, so a run cut short still leaves what it measured."""
     table = {
         "about": ("Fastest measured path and launch configuration per (N, K, M bucket); regenerate with benchmarks/tune.py. "
@@ -280,7 +290,7 @@ def write_table(args, info, group_size, entries, log) -> None:
                   "their searches are in benchmarks/results/logs/h200_tune_*)."),
         "applies_to": ["H200", "H100"],
         "measured_on": info,
-        "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,  # Stream-K's PROGRAMS scale with it
+        "sm_count": sm_count,  # Stream-K's PROGRAMS scale with it (dispatch.programs_for_device)
         "group_size": group_size,
         "entries": entries,
     }

@@ -175,6 +175,20 @@ def test_gather_columns_is_index_select(w4a16, device, m, k):
     assert out.is_contiguous() and torch.equal(out, x.index_select(1, perm))
 
 
+def test_gather_columns_forced_form(w4a16, device):
+    """`form` overrides the choice by M (benchmarks/probe_gather.py times both forms at any M): each form gives
+    x[:, perm] exactly at an M where the other is the default; an unknown form is refused by name."""
+    if not triton_available(device):
+        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
+    gen = torch.Generator().manual_seed(3)
+    for m, form in ((3, "rows"), (70, "columns")):
+        x = torch.randn(m, 2100, generator=gen).to(device=device, dtype=torch.float16)
+        perm = torch.randperm(2100, generator=gen).to(device)
+        assert torch.equal(w4a16.gemm.gather_columns(x, perm, form=form), x.index_select(1, perm))
+    with pytest.raises(ValueError, match="form must be"):
+        w4a16.gemm.gather_columns(x, perm, form="tiles")
+
+
 @pytest.mark.parametrize("path", ["splitk:fold", "splitk:operand", "streamk:fold", "tiled:operand"])
 @pytest.mark.parametrize("k,n,group_size", [(256, 24, 64), (320, 40, 32), (384, 20, 128)])
 def test_triton_paths_act_order(w4a16, device, path, k, n, group_size):

@@ -812,12 +812,16 @@ _gather_columns = {(form, dependents): PreparedLaunch(_gather_columns_kernel, {"
                    for form, (block, warps) in _GATHER_BLOCKS.items() for dependents in (False, True)}
 
 
-def gather_columns(x2: torch.Tensor, perm: torch.Tensor, launch_dependents: bool = False) -> torch.Tensor:
+def gather_columns(x2: torch.Tensor, perm: torch.Tensor, launch_dependents: bool = False, form: str | None = None) -> torch.Tensor:
     """x2[:, perm] as a new contiguous [M, K] tensor (act-order), by one small Triton kernel;
-    `launch_dependents`: the next launch (a GEMM of a plan with GATHER_PDL) may start before this one ends."""
+    `launch_dependents`: the next launch (a GEMM of a plan with GATHER_PDL) may start before this one ends;
+    `form` ("columns" or "rows", see `_GATHER_BLOCKS`) overrides the choice by M (benchmarks/probe_gather.py)."""
     m, k = x2.shape
     out = torch.empty((m, k), device=x2.device, dtype=x2.dtype)
-    form = "rows" if m >= _GATHER_WHOLE_ROWS_M else "columns"
+    if form is None:
+        form = "rows" if m >= _GATHER_WHOLE_ROWS_M else "columns"
+    elif form not in _GATHER_BLOCKS:
+        raise ValueError(f"form must be None or one of {tuple(_GATHER_BLOCKS)}, got {form!r}")
     block = _GATHER_BLOCKS[form][0]
     cols_per_program = -(-k // block) * block if form == "rows" else block
     _gather_columns[(form, launch_dependents)]((m, -(-k // cols_per_program)), (x2, perm, out), (k, x2.stride(0), cols_per_program),

@@ -98,6 +98,9 @@ def _uint32_to_int32(words: torch.Tensor) -> torch.Tensor:
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
+_CODES_CHUNK = 8192  # output columns per step of the code rounding (a 4096-row chunk in float64: 256 MiB)
+
+
 def quantize_weight_int4_grouped(
     weight: torch.Tensor, group_size: int = 128, symmetric: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -142,9 +145,6 @@ def quantize_weight_int4_grouped(
         codes[..., cols] = exact_codes.clamp(0, 15).to(torch.uint8)
     packed = pack_int4_k_major(codes.reshape(k, n))
     return packed, scales, zeros_f.to(store_dtype)
-
-
-_CODES_CHUNK = 8192  # output columns per step of the code rounding (a 4096-row chunk in float64: 256 MiB)
 
 
 def _round_up_to(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
