@@ -101,6 +101,14 @@ def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536):
                 for parts in ((1, 2) if operand else (1,)):
                     yield ("splitk" if split > 1 else "tiled"), _with_option(cfg(bn, bm, w, st, split, operand), "DOT_PARTS", parts,
                                                                              default=1)
+    if m >= 64:
+        # pingpong (sm_90, Gluon: gemm_pingpong.py): 128 weight rows per program, x's ring STAGES deep in shared memory
+        # (BLOCK_M x 128 x 2 bytes per stage, <= ~200 KB)
+        for bm, stages in ((64, 4), (64, 6), (128, 3), (128, 4), (256, 2), (256, 3)):
+            if bm > 2 * m:
+                continue
+            for split in split_counts(-(-n // 128) * -(-m // bm), k, sm_count, most=4):
+                yield "pingpong", {"BLOCK_M": bm, "num_stages": stages, "SPLIT_K": split}
     if m >= 64:  # the dense path (dequantize + cuBLAS): the H200 table picks it at M = 512 on four shapes, M >= 1024 on all
         yield "dense", {}
 
@@ -180,6 +188,18 @@ def _with_option(config: dict, key: str, value, default) -> dict:
     return {**{k: v for k, v in config.items() if k != key}, **({} if value == default else {key: value})}
 
 
+def fallback_plan(kernel, best_other, n: int, k: int, m: int, fmt: dict) -> dict:
+    """A pingpong entry's FALLBACK: the best other plan timed now, else the one the table's entry carries."""
+    if best_other is not None:
+        return {"path": best_other[1], **best_other[2], "us": round(best_other[0], 2)}
+    tuned = kernel.dispatch.load_tuned_table(torch.cuda.get_device_name(0))
+    row = kernel.dispatch.tuned_row(tuned[1], tuned[2], m, n, k, (fmt.get("dtype", "float16"), fmt.get("group_size", 128),
+                                                                  fmt.get("symmetric", False), fmt.get("act_order", False))) if tuned else None
+    if not row or "FALLBACK" not in row:
+        raise ValueError(f"no plan other than pingpong for N={n} K={k} M={m}: time one (e.g. --paths pingpong,tiled)")
+    return row["FALLBACK"]
+
+
 def time_candidate(kernel, weights, x, k, group_size, path, config, reference=None) -> float:
     """GPU time of one candidate; with `reference` (the dense path's output on weights[0]) a candidate
     whose output differs from it by more than 2% (relative) raises instead, so a wrong kernel
@@ -241,7 +261,7 @@ def main() -> None:
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             w0 = weights[0]
             reference = kernel.matmul.w4a16_matmul(x, w0.qweight, w0.scales, w0.zeros, w0.perm, k, g, path="dense").float()
-            best = None
+            best = best_other = None
             current = kernel.plan_for(w0, m, dtype)
             neighbours = [kernel.plan_for(w0, mm, dtype) for mm in neighbour_buckets(m)]
             if args.variant != "base":  # a format can always run the base format's plan (v17: stale symmetric entries)
@@ -259,9 +279,13 @@ def main() -> None:
                 log.append({"shape": shape["name"], "M": m, **fmt, "path": path, "config": config, "us": us})
                 if best is None or us < best[0]:
                     best = (us, path, config)
+                if path != "pingpong" and (best_other is None or us < best_other[0]):
+                    best_other = (us, path, config)
             if best is None:
                 continue
             us, path, config = best
+            if path == "pingpong":  # where the Gluon kernel cannot run, the best other plan (dispatch.runnable_row)
+                config = {**config, "FALLBACK": fallback_plan(kernel, best_other, n, k, m, fmt)}
             # tuned_at: the tree the entry was measured on, so an entry older than a kernel change shows
             entries.append({"N": n, "K": k, "M": m, **fmt, "path": path, **config, "us": round(us, 2), "tuned_at": info["commit"]})
             print(f"{shape['name']:12s} {args.variant:5s} M={m:5d} best {path:7s} {config} {us:8.2f} us", flush=True)

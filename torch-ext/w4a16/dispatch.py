@@ -13,6 +13,10 @@ Paths:
     streamk    tensor-core kernel on a persistent grid of PROGRAMS programs sharing the (tile, K block)
                work evenly (Stream-K), decode M
     tiled      tensor-core kernel without split-K, mid-size M
+    pingpong   Hopper warp-specialised kernel (Gluon, gemm_pingpong.py), mid and large M: two consumer
+               warpgroups unpack and multiply while a loader warp streams x by TMA; BLOCK_M, SPLIT_K,
+               num_stages. Its entries carry FALLBACK, the plan for where it cannot run (no Gluon, not
+               sm_90, group size below 128)
     dense      dequantize into a scratch [N, K] fp16/bf16 buffer (N*K*2 bytes, freed after the
                call) and call cuBLAS: prefill
     reference  plain torch (dequantize + matmul): CPU tensors
@@ -28,12 +32,15 @@ from pathlib import Path
 
 import torch
 
+from .gemm_pingpong import available as pingpong_available
+from .gemm_pingpong import supports_format as pingpong_supports_format
+
 __all__ = ["PATHS", "TENSOR_CORE_PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "format_key", "tuned_row",
            "programmatic_launch"]
 
 logger = logging.getLogger(__name__)
 
-PATHS = ("gemv", "splitk", "streamk", "tiled", "dense", "reference")
+PATHS = ("gemv", "splitk", "streamk", "tiled", "pingpong", "dense", "reference")
 TENSOR_CORE_PATHS = ("splitk", "streamk", "tiled")  # the paths of the tensor-core kernels (their options apply)
 _M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 _TUNED_DIR = Path(__file__).resolve().parent
@@ -169,7 +176,15 @@ def _heuristic(m: int, n: int, k: int, sm_count: int) -> Plan:
 
 
 CONFIG_KEYS = ("BLOCK_N", "BLOCK_M", "SPLIT_K", "PROGRAMS", "num_warps", "num_stages", "maxnreg", "SCALE_IN_OPERAND", "ONE_TOKEN",
-               "DOT_PARTS", "GATHER_PDL")
+               "DOT_PARTS", "GATHER_PDL", "CONSUMER_REGS")
+
+
+def runnable_row(row: dict, pingpong_ok: bool) -> dict | None:
+    """The tuned row to run: `row`, or for a pingpong row where that kernel cannot run (`pingpong_ok` False: no
+    Gluon, not sm_90, or a group size it does not read) the plan it carries as FALLBACK (None if it has none)."""
+    if row["path"] == "pingpong" and not pingpong_ok:
+        return row.get("FALLBACK")
+    return row
 
 
 def _forced(path: str, m: int, n: int, k: int, config: dict | None = None) -> Plan:
@@ -196,6 +211,8 @@ def _forced_default(path: str, m: int) -> Plan:
         return Plan(path, {"BLOCK_N": 32, "BLOCK_M": 16, "PROGRAMS": 3, "num_warps": 4, "num_stages": 2}, "forced")
     if path == "tiled":
         return Plan(path, {"BLOCK_N": 32, "BLOCK_M": 32 if m > 16 else 16, "SPLIT_K": 1, "num_warps": 4, "num_stages": 2}, "forced")
+    if path == "pingpong":
+        return Plan(path, {"BLOCK_M": 64, "SPLIT_K": 1, "num_stages": 3}, "forced")
     return Plan(path, {}, "forced")
 
 
@@ -207,6 +224,8 @@ def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, d
     if tuned is not None:
         file, table, by_format, table_sm_count = tuned
         row = tuned_row(table, by_format, mb, n, k, format_key(dtype, group_size, symmetric, act_order))
+        if row is not None:
+            row = runnable_row(row, pingpong_available(device) and pingpong_supports_format(group_size, k))
         if row is not None:
             cfg = {key: row[key] for key in CONFIG_KEYS if key in row}
             if "PROGRAMS" in cfg:

@@ -12,6 +12,7 @@ import torch
 
 from .dispatch import plan_gemm
 from .gemm import dequantize_native, gather_columns, launch_gemm, launch_gemm_kept
+from .gemm_pingpong import launch_pingpong
 from .launch import current_stream
 from .layout import W4A16Weight, unpack_int4_tiled_striped, validate_weight_tensors
 from .quantize import apply_group_params
@@ -50,7 +51,7 @@ def w4a16_matmul(
     """y[..., N] = x[..., K] @ W for a kernel-native weight: validate, plan by shape, launch.
 
     `path="auto"` takes the dispatcher's plan (plain torch on CPU tensors); a named path
-    ("gemv", "splitk", "streamk", "tiled", "dense", "reference") forces that kernel, which is how tests run the
+    ("gemv", "splitk", "streamk", "tiled", "pingpong", "dense", "reference") forces that kernel, which is how tests run the
     Triton kernels on CPU tensors under TRITON_INTERPRET=1. `out` ([M, N] contiguous, x's dtype)
     receives the result when given (tests poison it to catch unwritten elements). `config`
     overrides a forced path's launch configuration (see dispatch.CONFIG_KEYS).
@@ -120,6 +121,8 @@ def _matmul_checked(x, qweight, scales, zeros, perm, in_features: int, group_siz
     elif plan.path == "dense":
         w = dequantize_native(qweight, scales, zeros, in_features, group_size, x2.dtype)
         y = torch.nn.functional.linear(x2, w)
+    elif plan.path == "pingpong":
+        y = launch_pingpong(x2, qweight, scales, zeros, in_features, group_size, plan, out)
     elif keep_into is not None and out is None:
         y, repeat = launch_gemm_kept(x2, qweight, scales, zeros, in_features, group_size, plan)
         if repeat is not None:

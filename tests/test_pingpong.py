@@ -1,0 +1,86 @@
+"""The Hopper warp-specialised "pingpong" path (gemm_pingpong.py, Gluon).
+
+Triton's CPU interpreter does not run Gluon, so on the CPU (CI) the kernel is compiled for sm_90 in its format
+variants (the Gluon API moves between Triton releases: this is where that shows), and the dispatcher's fallback
+rule is checked on data. On an sm_90 GPU the kernel runs against the float64 reference of test_gemm.py.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_gemm import assert_path_matches_reference, random_layer
+
+TABLE = Path(__file__).resolve().parent.parent / "torch-ext" / "w4a16" / "tuned_nvidia_h200.json"
+
+
+def _on_hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.parametrize("dtype,split_k,symmetric,zeros_dtype,block_m", [
+    (torch.float16, 1, False, torch.uint8, 128),
+    (torch.bfloat16, 3, True, torch.uint8, 64),
+    (torch.float16, 2, False, torch.float16, 256),
+])
+def test_pingpong_compiles_for_sm90(w4a16, dtype, split_k, symmetric, zeros_dtype, block_m):
+    pingpong = w4a16.gemm_pingpong
+    if not pingpong.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    compiled = pingpong.compile_for_sm90(dtype, block_m, 3 if block_m < 256 else 2, split_k, symmetric, zeros_dtype)
+    ptx = compiled.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx  # tensor cores fed by TMA
+    assert "setmaxnreg" in ptx  # the partitions got their register budgets
+
+
+def test_runnable_row_falls_back_where_pingpong_cannot_run(w4a16):
+    fallback = {"path": "tiled", "BLOCK_N": 128, "BLOCK_M": 64, "num_warps": 4}
+    row = {"N": 4096, "K": 4096, "M": 256, "path": "pingpong", "BLOCK_M": 128, "FALLBACK": fallback}
+    runnable_row = w4a16.dispatch.runnable_row
+    assert runnable_row(row, True) is row
+    assert runnable_row(row, False) == fallback
+    tiled = {"N": 4096, "K": 4096, "M": 64, "path": "tiled", "BLOCK_N": 128}
+    assert runnable_row(tiled, False) is tiled
+    assert runnable_row({**row, "FALLBACK": None}, False) is None
+
+
+def test_shipped_pingpong_entries_carry_a_runnable_fallback(w4a16):
+    dispatch = w4a16.dispatch
+    entries = [e for e in json.loads(TABLE.read_text())["entries"] if e["path"] == "pingpong"]
+    for e in entries:
+        fallback = e.get("FALLBACK")
+        assert fallback and fallback["path"] in dispatch.PATHS and fallback["path"] != "pingpong", e
+        assert set(fallback) - {"path", "us"} <= set(dispatch.CONFIG_KEYS), e
+        assert set(e) - {"N", "K", "M", "path", "us", "tuned_at", "dtype", "group_size", "symmetric", "act_order"} <= set(dispatch.CONFIG_KEYS), e
+
+
+def test_pingpong_refuses_what_it_cannot_run(w4a16, device):
+    weight, _ = random_layer(w4a16, 256, 40, 64, False, torch.float16, device, seed=3)
+    x = torch.randn(64, 256, dtype=torch.float16, device=device)
+    call = lambda: w4a16.matmul.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, None, 256, 64, path="pingpong")  # noqa: E731
+    if not _on_hopper():
+        with pytest.raises(RuntimeError, match="sm_90"):
+            call()
+    else:
+        with pytest.raises(ValueError, match="group_size a multiple of 128"):
+            call()
+
+
+@pytest.mark.skipif(not _on_hopper() or not torch.cuda.is_available(), reason="the Gluon kernel needs an sm_90 GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("k,n,group_size,symmetric,fractional", [
+    (512, 200, 128, False, False),   # N off the 128-row tile
+    (1024, 136, 256, True, False),   # group 256, symmetric
+    (320, 72, -1, False, False),     # per-channel, K not a multiple of 128 (TMA fills x past K with zeros)
+    (384, 64, 128, False, True),     # fractional zeros
+])
+@pytest.mark.parametrize("config", [
+    {"BLOCK_M": 64, "num_stages": 3, "SPLIT_K": 1},
+    {"BLOCK_M": 128, "num_stages": 4, "SPLIT_K": 3},
+    {"BLOCK_M": 256, "num_stages": 2, "SPLIT_K": 2},
+])
+def test_pingpong_matches_reference(w4a16, dtype, k, n, group_size, symmetric, fractional, config):
+    weight, ref = random_layer(w4a16, k, n, group_size, symmetric, dtype, "cuda", seed=21, fractional_zeros=fractional)
+    assert_path_matches_reference(w4a16, weight, ref, ("pingpong", config), dtype, "cuda", (1, 3, 33, 64, 130, 257), seed=22)

@@ -1,0 +1,297 @@
+"""Hopper (sm_90) warp-specialised W4A16 GEMM for mid and large M, written in Gluon (Triton's explicit-layout
+language): the "pingpong" path of the dispatcher.
+
+Why a second kernel language: the Triton kernels of gemm.py unpack a block's weights and then multiply, in the
+same warps, so the tensor cores wait for the unpack (NOTES v8-v17: ~480-540 TFLOP/s against cuBLAS's 600-670, and
+Triton's automatic warp specialisation does not apply to that loop). Here one program is three partitions:
+
+    consumer 0 (the default partition, 4 warps)  rows  0..63 of the program's 128 weight rows
+    consumer 1 (4 warps)                          rows 64..127
+    x loader  (1 warp)                            x's [BLOCK_M, 128] tile of each K block into a shared-memory ring
+                                                  (STAGES deep) by TMA, once both consumers have released the stage
+
+Each consumer unpacks its rows' words straight into wgmma A-operand registers as (q - z) * s in x's dtype (the
+layout makes that register relabelling, `_OPERAND_WORDS`), multiplies them with x's tile from shared memory (B),
+waits, releases the stage. The two consumers drift apart, so one unpacks while the other's MMA runs (ping-pong
+without explicit ordering), and nothing but the x ring is shared.
+
+Contract (`launch_pingpong`): x [M, K] fp16 / bf16 (unit stride along K, 16-byte aligned rows: TMA); qweight int32
+[ceil(N/64), ceil(K/128), 64, 16] (layout.py: word 2p + h of row n in K block b holds at nibble q + 4t the code of
+row k = 128 b + 64 h + 16 q + 2 p + t); scales [K/G, N] (x's dtype, fp16 or fp32: rounded to x's dtype, as in the
+Triton kernels); zeros [K/G, N] uint8 or float (fractional zeros exact up to one rounding, `_dequant_pairs`), or
+None (symmetric: zero 8); G a multiple of 128 or G = K (per-channel). y [M, N] in x's dtype. Grid (cdiv(M,
+BLOCK_M), cdiv(N, 128), SPLIT_K): the M tiles of one weight tile are neighbours, so they share it through L2.
+SPLIT_K > 1 reduces like gemm.py (fp32 partials, an arrival counter per (tile, consumer), the last arrival sums
+in split order and resets its counter).
+
+Needs Gluon (Triton >= 3.5) and an sm_90 GPU (`available`); the dispatcher falls back to the entry's `FALLBACK`
+plan elsewhere and for group sizes below 128. Triton's CPU interpreter does not run Gluon: CI compiles the
+kernel for sm_90 on the CPU (tests/test_pingpong_compile.py); the GPU suite checks its results.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+from .launch import current_stream, split_k_scratch
+from .layout import K_BLOCK
+
+try:  # Gluon is experimental: absent before Triton 3.5, and its names move between releases
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    # renamed after Triton 3.6 (the old names remain there as stubs that raise)
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - exercised only with an old Triton
+    HAVE_GLUON = False
+
+__all__ = ["HAVE_GLUON", "available", "supports_format", "launch_pingpong", "compile_for_sm90"]
+
+_ROWS = 128  # weight rows (outputs) per program: two consumers of 64
+_MAGIC = {torch.float16: (0x64006400, 1024.0, "f16x2"), torch.bfloat16: (0x43004300, 128.0, "bf16x2")}
+
+
+def supports_format(group_size: int, in_features: int) -> bool:
+    """Whether the kernel reads this grouping: one scale per 128-row K block (G a multiple of 128, or per-channel)."""
+    return group_size == in_features or group_size % K_BLOCK == 0
+
+
+@functools.lru_cache(maxsize=None)
+def available(device: torch.device) -> bool:
+    """Gluon importable and an NVIDIA sm_90 GPU (wgmma, TMA and setmaxnreg as this kernel uses them)."""
+    return (HAVE_GLUON and device.type == "cuda" and torch.version.hip is None
+            and torch.cuda.get_device_capability(device)[0] == 9)
+
+
+if HAVE_GLUON:
+
+    @gluon.constexpr_function
+    def _operand_words_layout():
+        # [64 rows, 16 words] whose unpacking lands in one warpgroup's m64 wgmma A-operand layout with no data
+        # movement: word column c = 2p + h with c bits 0 (h) and 3 in registers, bits 1, 2 on lanes; row bits 0-2
+        # on lanes, bit 3 in registers, bits 4-5 on warps (the m64 operand's rows 16w .. 16w + 15 per warp)
+        return gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 8], [8, 0]],
+                                          lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
+                                          warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16])
+
+    @gluon.jit
+    def _dequant_pairs(words, s2, r2, e2, q: gl.constexpr, MAGIC: gl.constexpr, PAIR: gl.constexpr):
+        # nibbles q and q + 4 of each word -> C + q as a 16-bit float pair (shr + lop3), then (c - R) * s + e on the
+        # pair (sub + fma): R = C + z rounded to x's dtype, e = the rounding's residual times s (0 for integer zeros)
+        pairs = gl.inline_asm_elementwise(
+            f"{{ .reg .b32 t; shr.b32 t, $1, {4 * q}; lop3.b32 t, t, 0x000F000F, {MAGIC}, 0xEA; sub.{PAIR} t, t, $3; "
+            f"fma.rn.{PAIR} $0, t, $2, $4; }}",
+            "=r,r,r,r,r", [words, s2, r2, e2], dtype=gl.uint32, is_pure=True, pack=1)
+        return gl.join(pairs.to(gl.uint16), (pairs >> 16).to(gl.uint16))  # (t = 0, t = 1) as raw 16-bit halves
+
+    @gluon.jit
+    def _pair_bits(v):
+        bits = v.to(gl.uint16, bitcast=True).to(gl.uint32)
+        return bits | (bits << 16)
+
+    @gluon.jit
+    def _operands(words, s, z, a_layout: gl.constexpr, dtype: gl.constexpr, SYMMETRIC: gl.constexpr, MAGIC: gl.constexpr,
+                  MAGIC_VALUE: gl.constexpr, PAIR: gl.constexpr):
+        """words [64, 16] uint32 and the rows' scale / zero -> the two A operands [64, 64] (h = 0, 1) of (q - z) * s,
+        operand column k = 32 q1 + 16 q0 + 8 p2 + 4 p1 + 2 p0 + t of word p = 4 p2 + 2 p1 + p0, nibble q = 2 q1 + q0."""
+        s = s.to(dtype)
+        if SYMMETRIC:
+            shifted = gl.full(s.shape, MAGIC_VALUE + 8.0, gl.float32, s.type.layout)
+        else:
+            shifted = z.to(gl.float32) + MAGIC_VALUE
+        r = shifted.to(dtype)
+        e = (-(shifted - r.to(gl.float32)) * s.to(gl.float32)).to(dtype)
+        s2 = gl.expand_dims(_pair_bits(s), 1)
+        r2 = gl.expand_dims(_pair_bits(r), 1)
+        e2 = gl.expand_dims(_pair_bits(e), 1)
+        j = gl.join(gl.join(_dequant_pairs(words, s2, r2, e2, 0, MAGIC, PAIR), _dequant_pairs(words, s2, r2, e2, 1, MAGIC, PAIR)),
+                    gl.join(_dequant_pairs(words, s2, r2, e2, 2, MAGIC, PAIR), _dequant_pairs(words, s2, r2, e2, 3, MAGIC, PAIR)))
+        j = gl.reshape(j, [64, 2, 2, 2, 2, 2, 2, 2])  # (n, p2, p1, p0, h, t, q0, q1)
+        j = gl.permute(j, (0, 7, 6, 1, 2, 3, 5, 4))  # (n, q1, q0, p2, p1, p0, t, h)
+        lo, hi = gl.split(gl.reshape(j, [64, 64, 2]))
+        return (gl.convert_layout(lo.to(dtype, bitcast=True), a_layout, assert_trivial=True),
+                gl.convert_layout(hi.to(dtype, bitcast=True), a_layout, assert_trivial=True))
+
+    @gluon.jit
+    def _load_block(word_ptrs, s_ptr, z_ptr, kb, n, n_ok, N, group_size, SYMMETRIC: gl.constexpr):
+        """K block kb's words [64, 16] and its group's scale and zero for rows n (the scale again as the zero when
+        SYMMETRIC: never used, no zeros tensor exists)."""
+        words = gl.load(word_ptrs + kb * 1024, mask=n_ok[:, None], other=0)
+        g = (kb * 128) // group_size
+        s = gl.load(s_ptr + g * N + n, mask=n_ok, other=0.0)
+        if SYMMETRIC:
+            z = s
+        else:
+            z = gl.load(z_ptr + g * N + n, mask=n_ok, other=0)
+        return words, s, z
+
+    @gluon.jit
+    def _consumer(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, stride_ym,
+                  HALF: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr, SYMMETRIC: gl.constexpr):
+        """Rows HALF * 64 .. + 63 of the program's weight tile, K blocks of its split: words (and scale / zero) loaded
+        two blocks ahead into registers, unpacked into the A operands, two wgmma (K = 64 each) against x's stage,
+        wait, release the stage; then y (or the split's fp32 partial) from the accumulator."""
+        dtype: gl.constexpr = x_smem.dtype
+        MAGIC: gl.constexpr = 0x64006400 if dtype == gl.float16 else 0x43004300
+        MAGIC_VALUE: gl.constexpr = 1024.0 if dtype == gl.float16 else 128.0
+        PAIR: gl.constexpr = "f16x2" if dtype == gl.float16 else "bf16x2"
+        tile_m = gl.program_id(0)
+        tile_n = gl.program_id(1)
+        split = gl.program_id(2)
+        kb_start = split * num_kb // SPLIT_K
+        kb_end = (split + 1) * num_kb // SPLIT_K
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
+        w_layout: gl.constexpr = _operand_words_layout()
+        n = tile_n * 128 + HALF * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, w_layout))
+        n_ok = n < N
+        cols = gl.arange(0, 16, layout=gl.SliceLayout(0, w_layout))
+        # tile (n // 64, b) of 64 x 16 words is contiguous (1024 words); int64: the largest weights pass 2**31 bytes
+        word_ptrs = qw_ptr + ((n // 64).to(gl.int64) * num_kb * 1024 + (n % 64) * 16)[:, None] + cols[None, :]
+
+        # blocks kb_start and kb_start + 1 in flight before the loop; each iteration fetches the one two ahead
+        # (clamped to the split's last block: the tail re-reads it instead of reading past the range)
+        w0, s0, z0 = _load_block(word_ptrs, s_ptr, z_ptr, kb_start, n, n_ok, N, group_size, SYMMETRIC)
+        w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(kb_start + 1, kb_end - 1), n, n_ok, N, group_size, SYMMETRIC)
+        acc = gl.zeros([64, BLOCK_M], gl.float32, layout=mma_layout)
+        for kb in range(kb_start, kb_end):
+            i = kb - kb_start
+            stage = i % STAGES
+            phase = (i // STAGES) & 1
+            words = w0.to(gl.uint32, bitcast=True)
+            s = s0
+            z = z0
+            w0 = w1
+            s0 = s1
+            z0 = z1
+            w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(kb + 2, kb_end - 1), n, n_ok, N, group_size, SYMMETRIC)
+            a_lo, a_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, MAGIC, MAGIC_VALUE, PAIR)
+            mbarrier.wait(x_ready.index(stage), phase)
+            acc = warpgroup_mma(a_lo, x_smem.index(2 * stage).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma(a_hi, x_smem.index(2 * stage + 1).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+            mbarrier.arrive(empty.index(stage), count=1)
+
+        # y [M, N] is contiguous along n, the accumulator's rows: re-lay it out so each thread stores 8 n in a row
+        out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1])
+        offs_n = tile_n * 128 + HALF * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
+        offs_m = tile_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
+        mask = (offs_m[None, :] < M) & (offs_n[:, None] < N)
+        y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
+        if SPLIT_K == 1:
+            gl.store(y_ptrs, gl.convert_layout(acc.to(dtype), out_layout), mask=mask)
+        else:
+            # part [SPLIT_K, M, N] fp32 (< 2**31 elements: checked by the launcher); counter per (tile, consumer)
+            part_ptrs = part_ptr + offs_m[None, :] * N + offs_n[:, None]
+            gl.store(part_ptrs + split * M * N, gl.convert_layout(acc, out_layout), mask=mask)
+            _cta_barrier()  # every thread's partial is written before the counter says so
+            counter = lock_ptr + ((tile_n * gl.num_programs(0) + tile_m) * 2 + HALF)
+            if gl.atomic_add(counter, 1, sem="acq_rel") == SPLIT_K - 1:
+                total = gl.zeros([64, BLOCK_M], gl.float32, layout=out_layout)
+                for j in range(SPLIT_K):
+                    total += gl.load(part_ptrs + j * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+                gl.store(y_ptrs, total.to(dtype), mask=mask)
+                gl.atomic_xchg(counter, 0)
+
+    @gluon.jit
+    def _x_loader(x_desc, x_smem, x_ready, empty, num_kb, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr):
+        """One warp: x's tile of each K block of the split into the ring (two 64-column TMA boxes: one 128-byte
+        swizzle row each), once both consumers have released the stage; TMA fills columns past K with zeros."""
+        tile_m = gl.program_id(0)
+        split = gl.program_id(2)
+        kb_start = split * num_kb // SPLIT_K
+        kb_end = (split + 1) * num_kb // SPLIT_K
+        for kb in range(kb_start, kb_end):
+            i = kb - kb_start
+            stage = i % STAGES
+            phase = (i // STAGES) & 1
+            mbarrier.wait(empty.index(stage), phase ^ 1)
+            mbarrier.expect(x_ready.index(stage), 2 * x_desc.block_type.nbytes)
+            _tma_load(x_desc, [tile_m * BLOCK_M, kb * 128], x_ready.index(stage), x_smem.index(2 * stage))
+            _tma_load(x_desc, [tile_m * BLOCK_M, kb * 128 + 64], x_ready.index(stage), x_smem.index(2 * stage + 1))
+
+    @gluon.jit
+    def _pingpong_kernel(x_desc, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, group_size, stride_ym,
+                         BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr, SYMMETRIC: gl.constexpr,
+                         CONSUMER_REGS: gl.constexpr):
+        """y[M, N] = x[M, K] @ W[K, N]: see the module docstring for the contract and the partitions."""
+        x_smem = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BLOCK_M, 64], x_desc.layout)
+        x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(x_ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)  # both consumers release a stage
+        num_kb = (K + 127) // 128
+        # (argument tuples written inline: a tuple assigned to a variable first turns its constexprs into values)
+        gl.warp_specialize([
+            (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, stride_ym,
+                         0, BLOCK_M, STAGES, SPLIT_K, SYMMETRIC)),
+            (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, stride_ym,
+                         1, BLOCK_M, STAGES, SPLIT_K, SYMMETRIC)),
+            (_x_loader, (x_desc, x_smem, x_ready, empty, num_kb, BLOCK_M, STAGES, SPLIT_K)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+
+def _x_descriptor(x2: torch.Tensor, block_m: int):
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    return TensorDescriptor.from_tensor(x2, [block_m, 64], layout)
+
+
+def launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: int, plan, out=None) -> torch.Tensor:
+    """y = x2 @ W by `_pingpong_kernel` with the plan's (a dispatch.Plan) BLOCK_M, num_stages (ring depth), SPLIT_K and
+    CONSUMER_REGS (the consumers' register budget). x2 [M, K] is copied first when TMA cannot read it in place."""
+    if not available(x2.device):
+        raise RuntimeError(f"w4a16: path 'pingpong' needs Gluon (Triton >= 3.5) and an NVIDIA sm_90 GPU; x is on {x2.device}")
+    if not supports_format(group_size, in_features):
+        raise ValueError(f"w4a16: path 'pingpong' needs group_size a multiple of {K_BLOCK} or per-channel, got {group_size}")
+    cfg = plan.config
+    m, k = x2.shape
+    n = scales.shape[1]
+    if x2.data_ptr() % 16 or x2.stride(0) % 8 or x2.stride(1) != 1:
+        x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
+    block_m = cfg.get("BLOCK_M", 128)
+    num_kb = -(-k // K_BLOCK)
+    split_k = max(1, min(cfg.get("SPLIT_K", 1), num_kb))
+    y = torch.empty((m, n), device=x2.device, dtype=x2.dtype) if out is None else out
+    grid = (-(-m // block_m), -(-n // _ROWS), split_k)
+    if split_k > 1:
+        if split_k * m * n >= 2**31:
+            raise ValueError(f"split-K workspace too large for int32 offsets: SPLIT_K={split_k}, M={m}, N={n}")
+        part, lock = split_k_scratch(x2.device, current_stream(x2.device), grid[0] * grid[1] * 2, split_k * m * n)
+    else:
+        part = lock = y  # unused
+    _pingpong_kernel[grid](
+        _x_descriptor(x2, block_m), qweight, scales, scales if zeros is None else zeros, y, part, lock, m, n, k, group_size,
+        y.stride(0), BLOCK_M=block_m, STAGES=cfg.get("num_stages", 4), SPLIT_K=split_k, SYMMETRIC=zeros is None,
+        CONSUMER_REGS=cfg.get("CONSUMER_REGS", 232), num_warps=4)
+    return y
+
+
+def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, stages: int = 4, split_k: int = 1, symmetric: bool = False,
+                     zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None):
+    """Compile `_pingpong_kernel` for sm_90 without a GPU (CI runs this: Gluon API changes between Triton releases
+    surface here). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    type_names = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8"}
+    desc_kind, _ = native_specialize_impl(CUDABackend, _x_descriptor(torch.empty(block_m, 256, dtype=dtype), block_m), False, True, True)
+    signature = {"x_desc": desc_kind, "qw_ptr": "*i32", "s_ptr": f"*{type_names[scales_dtype or dtype]}",
+                 "z_ptr": f"*{type_names[(scales_dtype or dtype) if symmetric else zeros_dtype]}",
+                 "y_ptr": f"*{type_names[dtype]}", "part_ptr": "*fp32", "lock_ptr": "*i32",
+                 "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_ym": "i32"}
+    constexprs = {"BLOCK_M": block_m, "STAGES": stages, "SPLIT_K": split_k, "SYMMETRIC": symmetric, "CONSUMER_REGS": 232}
+    names = list(signature) + list(constexprs)
+    signature.update({name: "constexpr" for name in constexprs})
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in ("qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr", "N", "K")}
+    source = GluonASTSource(_pingpong_kernel, signature, {(names.index(k),): v for k, v in constexprs.items()}, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
