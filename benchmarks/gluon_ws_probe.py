@@ -18,6 +18,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared  # renamed after Triton 3.6
+
 BLOCK_N = gl.constexpr(128)
 HALF_K = gl.constexpr(64)  # one shared-memory sub-tile: 64 fp16 = one 128-byte swizzle row
 
@@ -90,8 +92,8 @@ def _producer(x_desc, qw_ptr, s_ptr, z_ptr, w_smem, x_smem, w_ready, x_ready, em
 
         mbarrier.wait(empty.index(stage), phase ^ 1)
         mbarrier.expect(x_ready.index(stage), 2 * x_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(x_desc, [tile_m * BLOCK_M, kb * 128], x_ready.index(stage), x_smem.index(2 * stage))
-        tma.async_copy_global_to_shared(x_desc, [tile_m * BLOCK_M, kb * 128 + 64], x_ready.index(stage),
+        _tma_load(x_desc, [tile_m * BLOCK_M, kb * 128], x_ready.index(stage), x_smem.index(2 * stage))
+        _tma_load(x_desc, [tile_m * BLOCK_M, kb * 128 + 64], x_ready.index(stage),
                                         x_smem.index(2 * stage + 1))
         s2 = _pack_pair(s)
         r2 = _pack_pair((z.to(gl.float32) + 1024.0).to(gl.float16))
@@ -229,8 +231,8 @@ def _x_loader(x_desc, x_smem, x_ready, empty, num_kb, BLOCK_M: gl.constexpr, STA
         phase = (kb // STAGES) & 1
         mbarrier.wait(empty.index(stage), phase ^ 1)
         mbarrier.expect(x_ready.index(stage), 2 * x_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(x_desc, [tile_m * BLOCK_M, kb * 128], x_ready.index(stage), x_smem.index(2 * stage))
-        tma.async_copy_global_to_shared(x_desc, [tile_m * BLOCK_M, kb * 128 + 64], x_ready.index(stage),
+        _tma_load(x_desc, [tile_m * BLOCK_M, kb * 128], x_ready.index(stage), x_smem.index(2 * stage))
+        _tma_load(x_desc, [tile_m * BLOCK_M, kb * 128 + 64], x_ready.index(stage),
                                         x_smem.index(2 * stage + 1))
 
 
