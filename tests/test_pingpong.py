@@ -20,16 +20,16 @@ def _on_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-@pytest.mark.parametrize("dtype,split_k,symmetric,zeros_dtype,block_m", [
-    (torch.float16, 1, False, torch.uint8, 128),
-    (torch.bfloat16, 3, True, torch.uint8, 64),
-    (torch.float16, 2, False, torch.float16, 256),
+@pytest.mark.parametrize("dtype,split_k,symmetric,zeros_dtype,block_m,groups", [
+    (torch.float16, 1, False, torch.uint8, 128, 1),   # group 128 (and any multiple, and per-channel)
+    (torch.bfloat16, 3, True, torch.uint8, 64, 2),    # group 64, symmetric
+    (torch.float16, 2, False, torch.float16, 256, 4),  # group 32, float (fractional) zeros
 ])
-def test_pingpong_compiles_for_sm90(w4a16, dtype, split_k, symmetric, zeros_dtype, block_m):
+def test_pingpong_compiles_for_sm90(w4a16, dtype, split_k, symmetric, zeros_dtype, block_m, groups):
     pingpong = w4a16.gemm_pingpong
     if not pingpong.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
-    compiled = pingpong.compile_for_sm90(dtype, block_m, 3 if block_m < 256 else 2, split_k, symmetric, zeros_dtype)
+    compiled = pingpong.compile_for_sm90(dtype, block_m, 3 if block_m < 256 else 2, split_k, symmetric, zeros_dtype, groups=groups)
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx  # tensor cores fed by TMA
     assert "setmaxnreg" in ptx  # the partitions got their register budgets
@@ -53,19 +53,22 @@ def test_shipped_pingpong_entries_carry_a_runnable_fallback(w4a16):
         fallback = e.get("FALLBACK")
         assert fallback and fallback["path"] in dispatch.PATHS and fallback["path"] != "pingpong", e
         assert set(fallback) - {"path", "us"} <= set(dispatch.CONFIG_KEYS), e
-        assert set(e) - {"N", "K", "M", "path", "us", "tuned_at", "dtype", "group_size", "symmetric", "act_order"} <= set(dispatch.CONFIG_KEYS), e
+        assert set(e) - {"N", "K", "M", "path", "us", "tuned_at", "dtype", "group_size", "symmetric", "act_order", "FALLBACK"} <= set(
+            dispatch.CONFIG_KEYS), e
 
 
 def test_pingpong_refuses_what_it_cannot_run(w4a16, device):
+    """Forced where it cannot run: a clear error, not a crash inside Triton. (Every group size the package accepts,
+    `validate_group_size`, is one the kernel reads; a launch with another one is refused too.)"""
     weight, _ = random_layer(w4a16, 256, 40, 64, False, torch.float16, device, seed=3)
     x = torch.randn(64, 256, dtype=torch.float16, device=device)
-    call = lambda: w4a16.matmul.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, None, 256, 64, path="pingpong")  # noqa: E731
     if not _on_hopper():
         with pytest.raises(RuntimeError, match="sm_90"):
-            call()
+            w4a16.matmul.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, None, 256, 64, path="pingpong")
     else:
-        with pytest.raises(ValueError, match="group_size a multiple of 128"):
-            call()
+        plan = w4a16.dispatch.plan_gemm(64, 40, 256, 64, torch.float16, x.device, path="pingpong")
+        with pytest.raises(ValueError, match="group_size 16, 32, 64"):
+            w4a16.gemm_pingpong.launch_pingpong(x, weight.qweight, weight.scales, weight.zeros, 256, 48, plan)
 
 
 @pytest.mark.skipif(not _on_hopper() or not torch.cuda.is_available(), reason="the Gluon kernel needs an sm_90 GPU")
@@ -75,6 +78,9 @@ def test_pingpong_refuses_what_it_cannot_run(w4a16, device):
     (1024, 136, 256, True, False),   # group 256, symmetric
     (320, 72, -1, False, False),     # per-channel, K not a multiple of 128 (TMA fills x past K with zeros)
     (384, 64, 128, False, True),     # fractional zeros
+    (256, 40, 64, True, False),      # group 64: two groups per 128-row block
+    (320, 24, 32, False, True),      # group 32, K ends inside a block (its groups past K are not read)
+    (256, 24, 16, False, False),     # group 16
 ])
 @pytest.mark.parametrize("config", [
     {"BLOCK_M": 64, "num_stages": 3, "SPLIT_K": 1},

@@ -16,7 +16,7 @@ Paths:
     pingpong   Hopper warp-specialised kernel (Gluon, gemm_pingpong.py), mid and large M: two consumer
                warpgroups unpack and multiply while a loader warp streams x by TMA; BLOCK_M, SPLIT_K,
                num_stages. Its entries carry FALLBACK, the plan for where it cannot run (no Gluon, not
-               sm_90, group size below 128)
+               sm_90, a group size it does not read)
     dense      dequantize into a scratch [N, K] fp16/bf16 buffer (N*K*2 bytes, freed after the
                call) and call cuBLAS: prefill
     reference  plain torch (dequantize + matmul): CPU tensors

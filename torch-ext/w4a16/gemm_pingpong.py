@@ -19,14 +19,14 @@ Contract (`launch_pingpong`): x [M, K] fp16 / bf16 (unit stride along K, 16-byte
 [ceil(N/64), ceil(K/128), 64, 16] (layout.py: word 2p + h of row n in K block b holds at nibble q + 4t the code of
 row k = 128 b + 64 h + 16 q + 2 p + t); scales [K/G, N] (x's dtype, fp16 or fp32: rounded to x's dtype, as in the
 Triton kernels); zeros [K/G, N] uint8 or float (fractional zeros exact up to one rounding, `_dequant_pairs`), or
-None (symmetric: zero 8); G a multiple of 128 or G = K (per-channel). y [M, N] in x's dtype. Grid (cdiv(M,
+None (symmetric: zero 8); G = 16, 32, 64, a multiple of 128 or K (per-channel). y [M, N] in x's dtype. Grid (cdiv(M,
 BLOCK_M), cdiv(N, 128), SPLIT_K): the M tiles of one weight tile are neighbours, so they share it through L2.
 SPLIT_K > 1 reduces like gemm.py (fp32 partials, an arrival counter per (tile, consumer), the last arrival sums
 in split order and resets its counter).
 
 Needs Gluon (Triton >= 3.5) and an sm_90 GPU (`available`); the dispatcher falls back to the entry's `FALLBACK`
-plan elsewhere and for group sizes below 128. Triton's CPU interpreter does not run Gluon: CI compiles the
-kernel for sm_90 on the CPU (tests/test_pingpong_compile.py); the GPU suite checks its results.
+plan elsewhere (and for a group size it does not read: `supports_format`). Triton's CPU interpreter does not run
+Gluon: CI compiles the kernel for sm_90 on the CPU (tests/test_pingpong.py); the GPU suite checks its results.
 """
 
 from __future__ import annotations
@@ -59,8 +59,13 @@ _MAGIC = {torch.float16: (0x64006400, 1024.0, "f16x2"), torch.bfloat16: (0x43004
 
 
 def supports_format(group_size: int, in_features: int) -> bool:
-    """Whether the kernel reads this grouping: one scale per 128-row K block (G a multiple of 128, or per-channel)."""
-    return group_size == in_features or group_size % K_BLOCK == 0
+    """Whether the kernel reads this grouping: G = 16, 32, 64 (2-8 groups per 128-row K block), a multiple of 128,
+    or per-channel (G = K)."""
+    return group_size == in_features or group_size % K_BLOCK == 0 or group_size in (16, 32, 64)
+
+
+def _groups_per_block(group_size: int, in_features: int) -> int:
+    return K_BLOCK // group_size if (group_size < K_BLOCK and group_size != in_features) else 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -96,11 +101,15 @@ if HAVE_GLUON:
         bits = v.to(gl.uint16, bitcast=True).to(gl.uint32)
         return bits | (bits << 16)
 
+    @gluon.constexpr_function
+    def _group_of(h, q, groups):
+        # the group (of the block's `groups`) of nibble q in word columns of parity h: block row 64 h + 16 q + ...
+        return ((64 * h + 16 * q) * groups) // 128
+
     @gluon.jit
-    def _operands(words, s, z, a_layout: gl.constexpr, dtype: gl.constexpr, SYMMETRIC: gl.constexpr, MAGIC: gl.constexpr,
-                  MAGIC_VALUE: gl.constexpr, PAIR: gl.constexpr):
-        """words [64, 16] uint32 and the rows' scale / zero -> the two A operands [64, 64] (h = 0, 1) of (q - z) * s,
-        operand column k = 32 q1 + 16 q0 + 8 p2 + 4 p1 + 2 p0 + t of word p = 4 p2 + 2 p1 + p0, nibble q = 2 q1 + q0."""
+    def _pair_params(s, z, dtype: gl.constexpr, SYMMETRIC: gl.constexpr, MAGIC_VALUE: gl.constexpr):
+        """One group's scale / zero for the rows -> [rows, 1] packed pairs (s, R, e): s and R = C + z rounded to x's
+        dtype, e = -(C + z - R) * s, the residual a fractional zero leaves (0 for integer and symmetric zeros)."""
         s = s.to(dtype)
         if SYMMETRIC:
             shifted = gl.full(s.shape, MAGIC_VALUE + 8.0, gl.float32, s.type.layout)
@@ -108,11 +117,31 @@ if HAVE_GLUON:
             shifted = z.to(gl.float32) + MAGIC_VALUE
         r = shifted.to(dtype)
         e = (-(shifted - r.to(gl.float32)) * s.to(gl.float32)).to(dtype)
-        s2 = gl.expand_dims(_pair_bits(s), 1)
-        r2 = gl.expand_dims(_pair_bits(r), 1)
-        e2 = gl.expand_dims(_pair_bits(e), 1)
-        j = gl.join(gl.join(_dequant_pairs(words, s2, r2, e2, 0, MAGIC, PAIR), _dequant_pairs(words, s2, r2, e2, 1, MAGIC, PAIR)),
-                    gl.join(_dequant_pairs(words, s2, r2, e2, 2, MAGIC, PAIR), _dequant_pairs(words, s2, r2, e2, 3, MAGIC, PAIR)))
+        return gl.expand_dims(_pair_bits(s), 1), gl.expand_dims(_pair_bits(r), 1), gl.expand_dims(_pair_bits(e), 1)
+
+    @gluon.jit
+    def _operands(words, scales, zeros, a_layout: gl.constexpr, dtype: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr,
+                  MAGIC: gl.constexpr, MAGIC_VALUE: gl.constexpr, PAIR: gl.constexpr):
+        """words [64, 16] uint32 and the rows' scales / zeros of the block's GROUPS groups (tuples) -> the two A
+        operands [64, 64] (h = 0, 1) of (q - z) * s, operand column k = 32 q1 + 16 q0 + 8 p2 + 4 p1 + 2 p0 + t of word
+        p = 4 p2 + 2 p1 + p0, nibble q = 2 q1 + q0. Nibble q of word column c = 2p + h is block row 64 h + 16 q + ...,
+        so its group is (64 h + 16 q) * GROUPS // 128: static in q, and h is the column's parity."""
+        params = ()
+        for j in gl.static_range(GROUPS):
+            params = params + (_pair_params(scales[j], zeros[j], dtype, SYMMETRIC, MAGIC_VALUE),)
+        h_odd = gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, words.type.layout)) % 2 == 1, 0)
+        pairs = ()
+        for q in gl.static_range(4):
+            if _group_of(0, q, GROUPS) == _group_of(1, q, GROUPS):
+                s2, r2, e2 = params[_group_of(0, q, GROUPS)]
+            else:
+                even = params[_group_of(0, q, GROUPS)]
+                odd = params[_group_of(1, q, GROUPS)]
+                s2 = gl.where(h_odd, odd[0], even[0])
+                r2 = gl.where(h_odd, odd[1], even[1])
+                e2 = gl.where(h_odd, odd[2], even[2])
+            pairs = pairs + (_dequant_pairs(words, s2, r2, e2, q, MAGIC, PAIR),)
+        j = gl.join(gl.join(pairs[0], pairs[1]), gl.join(pairs[2], pairs[3]))  # (n, c, t, q0, q1)
         j = gl.reshape(j, [64, 2, 2, 2, 2, 2, 2, 2])  # (n, p2, p1, p0, h, t, q0, q1)
         j = gl.permute(j, (0, 7, 6, 1, 2, 3, 5, 4))  # (n, q1, q0, p2, p1, p0, t, h)
         lo, hi = gl.split(gl.reshape(j, [64, 64, 2]))
@@ -120,21 +149,28 @@ if HAVE_GLUON:
                 gl.convert_layout(hi.to(dtype, bitcast=True), a_layout, assert_trivial=True))
 
     @gluon.jit
-    def _load_block(word_ptrs, s_ptr, z_ptr, kb, n, n_ok, N, group_size, SYMMETRIC: gl.constexpr):
-        """K block kb's words [64, 16] and its group's scale and zero for rows n (the scale again as the zero when
-        SYMMETRIC: never used, no zeros tensor exists)."""
+    def _load_block(word_ptrs, s_ptr, z_ptr, kb, n, n_ok, N, group_size, num_groups, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr):
+        """K block kb's words [64, 16] and the scales and zeros (tuples of GROUPS) of its groups for rows n (the scale
+        again as the zero when SYMMETRIC: never used, no zeros tensor exists). Groups past K (a last block that
+        K ends inside) read as 0."""
         words = gl.load(word_ptrs + kb * 1024, mask=n_ok[:, None], other=0)
-        g = (kb * 128) // group_size
-        s = gl.load(s_ptr + g * N + n, mask=n_ok, other=0.0)
-        if SYMMETRIC:
-            z = s
-        else:
-            z = gl.load(z_ptr + g * N + n, mask=n_ok, other=0)
-        return words, s, z
+        scales = ()
+        zeros = ()
+        for j in gl.static_range(GROUPS):
+            g = (kb * 128) // group_size + j
+            ok = n_ok & (g < num_groups)
+            s = gl.load(s_ptr + g * N + n, mask=ok, other=0.0)
+            scales = scales + (s,)
+            if SYMMETRIC:
+                zeros = zeros + (s,)
+            else:
+                zeros = zeros + (gl.load(z_ptr + g * N + n, mask=ok, other=0),)
+        return words, scales, zeros
 
     @gluon.jit
-    def _consumer(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, stride_ym,
-                  HALF: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr, SYMMETRIC: gl.constexpr):
+    def _consumer(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
+                  stride_ym, HALF: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr,
+                  SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr):
         """Rows HALF * 64 .. + 63 of the program's weight tile, K blocks of its split: words (and scale / zero) loaded
         two blocks ahead into registers, unpacked into the A operands, two wgmma (K = 64 each) against x's stage,
         wait, release the stage; then y (or the split's fp32 partial) from the accumulator."""
@@ -158,8 +194,9 @@ if HAVE_GLUON:
 
         # blocks kb_start and kb_start + 1 in flight before the loop; each iteration fetches the one two ahead
         # (clamped to the split's last block: the tail re-reads it instead of reading past the range)
-        w0, s0, z0 = _load_block(word_ptrs, s_ptr, z_ptr, kb_start, n, n_ok, N, group_size, SYMMETRIC)
-        w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(kb_start + 1, kb_end - 1), n, n_ok, N, group_size, SYMMETRIC)
+        w0, s0, z0 = _load_block(word_ptrs, s_ptr, z_ptr, kb_start, n, n_ok, N, group_size, num_groups, SYMMETRIC, GROUPS)
+        w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(kb_start + 1, kb_end - 1), n, n_ok, N, group_size, num_groups,
+                                 SYMMETRIC, GROUPS)
         acc = gl.zeros([64, BLOCK_M], gl.float32, layout=mma_layout)
         for kb in range(kb_start, kb_end):
             i = kb - kb_start
@@ -171,8 +208,9 @@ if HAVE_GLUON:
             w0 = w1
             s0 = s1
             z0 = z1
-            w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(kb + 2, kb_end - 1), n, n_ok, N, group_size, SYMMETRIC)
-            a_lo, a_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, MAGIC, MAGIC_VALUE, PAIR)
+            w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(kb + 2, kb_end - 1), n, n_ok, N, group_size,
+                                     num_groups, SYMMETRIC, GROUPS)
+            a_lo, a_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
             mbarrier.wait(x_ready.index(stage), phase)
             acc = warpgroup_mma(a_lo, x_smem.index(2 * stage).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma(a_hi, x_smem.index(2 * stage + 1).permute((1, 0)), acc, is_async=True)
@@ -220,7 +258,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _pingpong_kernel(x_desc, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, group_size, stride_ym,
                          BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr, SYMMETRIC: gl.constexpr,
-                         CONSUMER_REGS: gl.constexpr):
+                         GROUPS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
         """y[M, N] = x[M, K] @ W[K, N]: see the module docstring for the contract and the partitions."""
         x_smem = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BLOCK_M, 64], x_desc.layout)
         x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -229,12 +267,13 @@ if HAVE_GLUON:
             mbarrier.init(x_ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)  # both consumers release a stage
         num_kb = (K + 127) // 128
+        num_groups = K // group_size
         # (argument tuples written inline: a tuple assigned to a variable first turns its constexprs into values)
         gl.warp_specialize([
-            (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, stride_ym,
-                         0, BLOCK_M, STAGES, SPLIT_K, SYMMETRIC)),
-            (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, stride_ym,
-                         1, BLOCK_M, STAGES, SPLIT_K, SYMMETRIC)),
+            (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
+                         num_groups, stride_ym, 0, BLOCK_M, STAGES, SPLIT_K, SYMMETRIC, GROUPS)),
+            (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
+                         num_groups, stride_ym, 1, BLOCK_M, STAGES, SPLIT_K, SYMMETRIC, GROUPS)),
             (_x_loader, (x_desc, x_smem, x_ready, empty, num_kb, BLOCK_M, STAGES, SPLIT_K)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
@@ -250,7 +289,7 @@ def launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: in
     if not available(x2.device):
         raise RuntimeError(f"w4a16: path 'pingpong' needs Gluon (Triton >= 3.5) and an NVIDIA sm_90 GPU; x is on {x2.device}")
     if not supports_format(group_size, in_features):
-        raise ValueError(f"w4a16: path 'pingpong' needs group_size a multiple of {K_BLOCK} or per-channel, got {group_size}")
+        raise ValueError(f"w4a16: path 'pingpong' needs group_size 16, 32, 64, a multiple of {K_BLOCK} or per-channel, got {group_size}")
     cfg = plan.config
     m, k = x2.shape
     n = scales.shape[1]
@@ -270,12 +309,12 @@ def launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: in
     _pingpong_kernel[grid](
         _x_descriptor(x2, block_m), qweight, scales, scales if zeros is None else zeros, y, part, lock, m, n, k, group_size,
         y.stride(0), BLOCK_M=block_m, STAGES=cfg.get("num_stages", 4), SPLIT_K=split_k, SYMMETRIC=zeros is None,
-        CONSUMER_REGS=cfg.get("CONSUMER_REGS", 232), num_warps=4)
+        GROUPS=_groups_per_block(group_size, in_features), CONSUMER_REGS=cfg.get("CONSUMER_REGS", 232), num_warps=4)
     return y
 
 
 def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, stages: int = 4, split_k: int = 1, symmetric: bool = False,
-                     zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None):
+                     zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None, groups: int = 1):
     """Compile `_pingpong_kernel` for sm_90 without a GPU (CI runs this: Gluon API changes between Triton releases
     surface here). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
     from triton._C.libtriton import native_specialize_impl
@@ -289,7 +328,8 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, sta
                  "z_ptr": f"*{type_names[(scales_dtype or dtype) if symmetric else zeros_dtype]}",
                  "y_ptr": f"*{type_names[dtype]}", "part_ptr": "*fp32", "lock_ptr": "*i32",
                  "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_ym": "i32"}
-    constexprs = {"BLOCK_M": block_m, "STAGES": stages, "SPLIT_K": split_k, "SYMMETRIC": symmetric, "CONSUMER_REGS": 232}
+    constexprs = {"BLOCK_M": block_m, "STAGES": stages, "SPLIT_K": split_k, "SYMMETRIC": symmetric, "GROUPS": groups,
+                  "CONSUMER_REGS": 232}
     names = list(signature) + list(constexprs)
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in ("qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr", "N", "K")}
