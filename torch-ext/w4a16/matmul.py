@@ -2,7 +2,8 @@
 
     x [..., K] fp16/bf16 -> checks (here; a W4A16Weight's tensors were checked when it was made)
       -> dispatch.plan_gemm (path and launch configuration from the tuned table)
-      -> gemm.launch_gemm (Triton kernels) | gemm_pingpong.launch_pingpong (Gluon, sm_90) | cuBLAS on gemm.dequantize_native's copy | plain torch (CPU)
+      -> gemm.launch_gemm (Triton kernels) | gemm_pingpong.launch_pingpong (Gluon, sm_90)
+         | cuBLAS on gemm.dequantize_native's copy | plain torch (CPU)
       -> y [..., N] in x's dtype
 """
 
