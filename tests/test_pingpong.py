@@ -20,16 +20,18 @@ def _on_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-@pytest.mark.parametrize("dtype,split_k,symmetric,zeros_dtype,block_m,groups", [
-    (torch.float16, 1, False, torch.uint8, 128, 1),   # group 128 (and any multiple, and per-channel)
-    (torch.bfloat16, 3, True, torch.uint8, 64, 2),    # group 64, symmetric
-    (torch.float16, 2, False, torch.float16, 256, 4),  # group 32, float (fractional) zeros
+@pytest.mark.parametrize("dtype,split_k,symmetric,zeros_dtype,block_m,groups,consumers", [
+    (torch.float16, 1, False, torch.uint8, 128, 1, 2),   # group 128 (and any multiple, and per-channel)
+    (torch.bfloat16, 3, True, torch.uint8, 64, 2, 2),    # group 64, symmetric
+    (torch.float16, 2, False, torch.float16, 256, 4, 2),  # group 32, float (fractional) zeros
+    (torch.float16, 2, False, torch.uint8, 128, 1, 1),   # one consumer per program, maxnreg 128
 ])
-def test_pingpong_compiles_for_sm90(w4a16, dtype, split_k, symmetric, zeros_dtype, block_m, groups):
+def test_pingpong_compiles_for_sm90(w4a16, dtype, split_k, symmetric, zeros_dtype, block_m, groups, consumers):
     pingpong = w4a16.gemm_pingpong
     if not pingpong.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
-    compiled = pingpong.compile_for_sm90(dtype, block_m, 3 if block_m < 256 else 2, split_k, symmetric, zeros_dtype, groups=groups)
+    compiled = pingpong.compile_for_sm90(dtype, block_m, 3 if block_m < 256 else 2, split_k, symmetric, zeros_dtype, groups=groups,
+                                         consumers=consumers, maxnreg=128 if consumers == 1 else None)
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx  # tensor cores fed by TMA
     assert "setmaxnreg" in ptx  # the partitions got their register budgets
@@ -86,6 +88,7 @@ def test_pingpong_refuses_what_it_cannot_run(w4a16, device):
     {"BLOCK_M": 64, "num_stages": 3, "SPLIT_K": 1},
     {"BLOCK_M": 128, "num_stages": 4, "SPLIT_K": 3},
     {"BLOCK_M": 256, "num_stages": 2, "SPLIT_K": 2},
+    {"BLOCK_M": 128, "num_stages": 2, "SPLIT_K": 2, "CONSUMERS": 1, "maxnreg": 128},
 ])
 def test_pingpong_matches_reference(w4a16, dtype, k, n, group_size, symmetric, fractional, config):
     weight, ref = random_layer(w4a16, k, n, group_size, symmetric, dtype, "cuda", seed=21, fractional_zeros=fractional)

@@ -6,7 +6,8 @@ same warps, so the tensor cores wait for the unpack (NOTES v8-v17: ~480-540 TFLO
 Triton's automatic warp specialisation does not apply to that loop). Here one program is three partitions:
 
     consumer 0 (the default partition, 4 warps)  rows  0..63 of the program's 128 weight rows
-    consumer 1 (4 warps)                          rows 64..127
+    consumer 1 (4 warps)                          rows 64..127 (CONSUMERS = 2; with 1, 64 rows per program and
+                                                  two programs per SM under maxnreg 128 take turns instead)
     x loader  (1 warp)                            x's [BLOCK_M, 128] tile of each K block into a shared-memory ring
                                                   (STAGES deep) by TMA, once both consumers have released the stage
 
@@ -54,8 +55,6 @@ except ImportError:  # pragma: no cover - exercised only with an old Triton
 
 __all__ = ["HAVE_GLUON", "available", "supports_format", "launch_pingpong", "compile_for_sm90"]
 
-_ROWS = 128  # weight rows (outputs) per program: two consumers of 64
-_MAGIC = {torch.float16: (0x64006400, 1024.0, "f16x2"), torch.bfloat16: (0x43004300, 128.0, "bf16x2")}
 
 
 def supports_format(group_size: int, in_features: int) -> bool:
@@ -170,7 +169,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _consumer(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
                   stride_ym, HALF: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr,
-                  SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr):
+                  SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, CONSUMERS: gl.constexpr):
         """Rows HALF * 64 .. + 63 of the program's weight tile, K blocks of its split: words (and scale / zero) loaded
         two blocks ahead into registers, unpacked into the A operands, two wgmma (K = 64 each) against x's stage,
         wait, release the stage; then y (or the split's fp32 partial) from the accumulator."""
@@ -186,7 +185,7 @@ if HAVE_GLUON:
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
         w_layout: gl.constexpr = _operand_words_layout()
-        n = tile_n * 128 + HALF * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, w_layout))
+        n = tile_n * (64 * CONSUMERS) + HALF * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, w_layout))
         n_ok = n < N
         cols = gl.arange(0, 16, layout=gl.SliceLayout(0, w_layout))
         # tile (n // 64, b) of 64 x 16 words is contiguous (1024 words); int64: the largest weights pass 2**31 bytes
@@ -219,7 +218,7 @@ if HAVE_GLUON:
 
         # y [M, N] is contiguous along n, the accumulator's rows: re-lay it out so each thread stores 8 n in a row
         out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1])
-        offs_n = tile_n * 128 + HALF * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
+        offs_n = tile_n * (64 * CONSUMERS) + HALF * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
         offs_m = tile_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
         mask = (offs_m[None, :] < M) & (offs_n[:, None] < N)
         y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
@@ -230,7 +229,7 @@ if HAVE_GLUON:
             part_ptrs = part_ptr + offs_m[None, :] * N + offs_n[:, None]
             gl.store(part_ptrs + split * M * N, gl.convert_layout(acc, out_layout), mask=mask)
             _cta_barrier()  # every thread's partial is written before the counter says so
-            counter = lock_ptr + ((tile_n * gl.num_programs(0) + tile_m) * 2 + HALF)
+            counter = lock_ptr + ((tile_n * gl.num_programs(0) + tile_m) * CONSUMERS + HALF)
             if gl.atomic_add(counter, 1, sem="acq_rel") == SPLIT_K - 1:
                 total = gl.zeros([64, BLOCK_M], gl.float32, layout=out_layout)
                 for j in range(SPLIT_K):
@@ -258,24 +257,31 @@ if HAVE_GLUON:
     @gluon.jit
     def _pingpong_kernel(x_desc, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, group_size, stride_ym,
                          BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr, SYMMETRIC: gl.constexpr,
-                         GROUPS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                         GROUPS: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
         """y[M, N] = x[M, K] @ W[K, N]: see the module docstring for the contract and the partitions."""
         x_smem = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BLOCK_M, 64], x_desc.layout)
         x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(x_ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=2)  # both consumers release a stage
+            mbarrier.init(empty.index(i), count=CONSUMERS)  # every consumer releases a stage
         num_kb = (K + 127) // 128
         num_groups = K // group_size
         # (argument tuples written inline: a tuple assigned to a variable first turns its constexprs into values)
-        gl.warp_specialize([
-            (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
-                         num_groups, stride_ym, 0, BLOCK_M, STAGES, SPLIT_K, SYMMETRIC, GROUPS)),
-            (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
-                         num_groups, stride_ym, 1, BLOCK_M, STAGES, SPLIT_K, SYMMETRIC, GROUPS)),
-            (_x_loader, (x_desc, x_smem, x_ready, empty, num_kb, BLOCK_M, STAGES, SPLIT_K)),
-        ], [4, 1], [CONSUMER_REGS, 24])
+        if CONSUMERS == 2:
+            gl.warp_specialize([
+                (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
+                             num_groups, stride_ym, 0, BLOCK_M, STAGES, SPLIT_K, SYMMETRIC, GROUPS, CONSUMERS)),
+                (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
+                             num_groups, stride_ym, 1, BLOCK_M, STAGES, SPLIT_K, SYMMETRIC, GROUPS, CONSUMERS)),
+                (_x_loader, (x_desc, x_smem, x_ready, empty, num_kb, BLOCK_M, STAGES, SPLIT_K)),
+            ], [4, 1], [CONSUMER_REGS, 24])
+        else:  # one consumer per program: two programs per SM (with maxnreg 128) ping-pong instead
+            gl.warp_specialize([
+                (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
+                             num_groups, stride_ym, 0, BLOCK_M, STAGES, SPLIT_K, SYMMETRIC, GROUPS, CONSUMERS)),
+                (_x_loader, (x_desc, x_smem, x_ready, empty, num_kb, BLOCK_M, STAGES, SPLIT_K)),
+            ], [1], [24])
 
 
 def _x_descriptor(x2: torch.Tensor, block_m: int):
@@ -299,22 +305,27 @@ def launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: in
     num_kb = -(-k // K_BLOCK)
     split_k = max(1, min(cfg.get("SPLIT_K", 1), num_kb))
     y = torch.empty((m, n), device=x2.device, dtype=x2.dtype) if out is None else out
-    grid = (-(-m // block_m), -(-n // _ROWS), split_k)
+    consumers = cfg.get("CONSUMERS", 2)
+    if consumers not in (1, 2):
+        raise ValueError(f"config CONSUMERS must be 1 or 2 (64 weight rows each per program), got {consumers!r}")
+    grid = (-(-m // block_m), -(-n // (64 * consumers)), split_k)
     if split_k > 1:
         if split_k * m * n >= 2**31:
             raise ValueError(f"split-K workspace too large for int32 offsets: SPLIT_K={split_k}, M={m}, N={n}")
-        part, lock = split_k_scratch(x2.device, current_stream(x2.device), grid[0] * grid[1] * 2, split_k * m * n)
+        part, lock = split_k_scratch(x2.device, current_stream(x2.device), grid[0] * grid[1] * consumers, split_k * m * n)
     else:
         part = lock = y  # unused
     _pingpong_kernel[grid](
         _x_descriptor(x2, block_m), qweight, scales, scales if zeros is None else zeros, y, part, lock, m, n, k, group_size,
         y.stride(0), BLOCK_M=block_m, STAGES=cfg.get("num_stages", 4), SPLIT_K=split_k, SYMMETRIC=zeros is None,
-        GROUPS=_groups_per_block(group_size, in_features), CONSUMER_REGS=cfg.get("CONSUMER_REGS", 232), num_warps=4)
+        GROUPS=_groups_per_block(group_size, in_features), CONSUMERS=consumers, CONSUMER_REGS=cfg.get("CONSUMER_REGS", 232),
+        num_warps=4, **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}))
     return y
 
 
 def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, stages: int = 4, split_k: int = 1, symmetric: bool = False,
-                     zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None, groups: int = 1):
+                     zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None, groups: int = 1,
+                     consumers: int = 2, maxnreg: int | None = None):
     """Compile `_pingpong_kernel` for sm_90 without a GPU (CI runs this: Gluon API changes between Triton releases
     surface here). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
     from triton._C.libtriton import native_specialize_impl
@@ -329,9 +340,9 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, sta
                  "y_ptr": f"*{type_names[dtype]}", "part_ptr": "*fp32", "lock_ptr": "*i32",
                  "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_ym": "i32"}
     constexprs = {"BLOCK_M": block_m, "STAGES": stages, "SPLIT_K": split_k, "SYMMETRIC": symmetric, "GROUPS": groups,
-                  "CONSUMER_REGS": 232}
+                  "CONSUMERS": consumers, "CONSUMER_REGS": 232}
     names = list(signature) + list(constexprs)
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in ("qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr", "N", "K")}
     source = GluonASTSource(_pingpong_kernel, signature, {(names.index(k),): v for k, v in constexprs.items()}, attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **({"maxnreg": maxnreg} if maxnreg else {})})
