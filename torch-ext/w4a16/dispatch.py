@@ -13,10 +13,10 @@ Paths:
     streamk    tensor-core kernel on a persistent grid of PROGRAMS programs sharing the (tile, K block)
                work evenly (Stream-K), decode M
     tiled      tensor-core kernel without split-K, mid-size M
-    pingpong   Hopper warp-specialised kernel (Gluon, gemm_pingpong.py), mid and large M: two consumer
-               warpgroups unpack and multiply while a loader warp streams x by TMA; BLOCK_M, SPLIT_K,
-               num_stages. Its entries carry FALLBACK, the plan for where it cannot run (no Gluon, not
-               sm_90, a group size it does not read)
+    pingpong   Hopper warp-specialised kernel (Gluon, gemm_pingpong.py), mid and large M: consumer
+               warpgroups (CONSUMERS, 2 or 1) unpack and multiply while a loader warp streams x by TMA;
+               BLOCK_M, SPLIT_K, num_stages. Its entries carry FALLBACK, the plan for where it cannot run
+               (no Gluon, not sm_90, a group size it does not read)
     dense      dequantize into a scratch [N, K] fp16/bf16 buffer (N*K*2 bytes, freed after the
                call) and call cuBLAS: prefill
     reference  plain torch (dequantize + matmul): CPU tensors
@@ -224,13 +224,16 @@ def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, d
     if tuned is not None:
         file, table, by_format, table_sm_count = tuned
         row = tuned_row(table, by_format, mb, n, k, format_key(dtype, group_size, symmetric, act_order))
+        source = f"tuned:{file}"
         if row is not None:
-            row = runnable_row(row, pingpong_available(device) and pingpong_supports_format(group_size, k))
+            runnable = runnable_row(row, pingpong_available(device) and pingpong_supports_format(group_size, k))
+            source += "" if runnable is row else " (FALLBACK of a pingpong entry)"
+            row = runnable
         if row is not None:
             cfg = {key: row[key] for key in CONFIG_KEYS if key in row}
             if "PROGRAMS" in cfg:
                 cfg["PROGRAMS"] = programs_for_device(cfg["PROGRAMS"], table_sm_count, sm_count)
-            plan = _applicable(Plan(row["path"], cfg, f"tuned:{file}"), act_order, device)
+            plan = _applicable(Plan(row["path"], cfg, source), act_order, device)
         else:
             plan = _heuristic(mb, n, k, sm_count)
     else:
