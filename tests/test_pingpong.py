@@ -60,17 +60,21 @@ def test_shipped_pingpong_entries_carry_a_runnable_fallback(w4a16):
 
 
 def test_pingpong_refuses_what_it_cannot_run(w4a16, device):
-    """Forced where it cannot run: a clear error, not a crash inside Triton. (Every group size the package accepts,
-    `validate_group_size`, is one the kernel reads; a launch with another one is refused too.)"""
+    """Forced where it cannot run, or with a configuration it does not have: a clear error, not a crash inside Triton.
+    (Every group size the package accepts, `validate_group_size`, is one the kernel reads.)"""
     weight, _ = random_layer(w4a16, 256, 40, 64, False, torch.float16, device, seed=3)
     x = torch.randn(64, 256, dtype=torch.float16, device=device)
+
+    def call(config=None):
+        return w4a16.matmul.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, None, 256, 64, path="pingpong",
+                                         config=config)
+
     if not _on_hopper():
         with pytest.raises(RuntimeError, match="sm_90"):
-            w4a16.matmul.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, None, 256, 64, path="pingpong")
+            call()
     else:
-        plan = w4a16.dispatch.plan_gemm(64, 40, 256, 64, torch.float16, x.device, path="pingpong")
-        with pytest.raises(ValueError, match="group_size 16, 32, 64"):
-            w4a16.gemm_pingpong.launch_pingpong(x, weight.qweight, weight.scales, weight.zeros, 256, 48, plan)
+        with pytest.raises(ValueError, match="CONSUMERS must be 1 or 2"):
+            call({"CONSUMERS": 3})
 
 
 @pytest.mark.skipif(not _on_hopper() or not torch.cuda.is_available(), reason="the Gluon kernel needs an sm_90 GPU")

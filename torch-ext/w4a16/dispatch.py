@@ -16,7 +16,7 @@ Paths:
     pingpong   Hopper warp-specialised kernel (Gluon, gemm_pingpong.py), mid and large M: consumer
                warpgroups (CONSUMERS, 2 or 1) unpack and multiply while a loader warp streams x by TMA;
                BLOCK_M, SPLIT_K, num_stages. Its entries carry FALLBACK, the plan for where it cannot run
-               (no Gluon, not sm_90, a group size it does not read)
+               (no Gluon, not sm_90: AMD, older Tritons, other NVIDIA GPUs)
     dense      dequantize into a scratch [N, K] fp16/bf16 buffer (N*K*2 bytes, freed after the
                call) and call cuBLAS: prefill
     reference  plain torch (dequantize + matmul): CPU tensors
@@ -33,7 +33,6 @@ from pathlib import Path
 import torch
 
 from .gemm_pingpong import available as pingpong_available
-from .gemm_pingpong import supports_format as pingpong_supports_format
 
 __all__ = ["PATHS", "TENSOR_CORE_PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "format_key", "tuned_row",
            "programmatic_launch"]
@@ -176,12 +175,12 @@ def _heuristic(m: int, n: int, k: int, sm_count: int) -> Plan:
 
 
 CONFIG_KEYS = ("BLOCK_N", "BLOCK_M", "SPLIT_K", "PROGRAMS", "num_warps", "num_stages", "maxnreg", "SCALE_IN_OPERAND", "ONE_TOKEN",
-               "DOT_PARTS", "GATHER_PDL", "CONSUMER_REGS", "CONSUMERS")
+               "DOT_PARTS", "GATHER_PDL", "CONSUMERS")
 
 
 def runnable_row(row: dict, pingpong_ok: bool) -> dict | None:
     """The tuned row to run: `row`, or for a pingpong row where that kernel cannot run (`pingpong_ok` False: no
-    Gluon, not sm_90, or a group size it does not read) the plan it carries as FALLBACK (None if it has none)."""
+    Gluon, or not sm_90) the plan it carries as FALLBACK (None if it has none)."""
     if row["path"] == "pingpong" and not pingpong_ok:
         return row.get("FALLBACK")
     return row
@@ -226,7 +225,7 @@ def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, d
         row = tuned_row(table, by_format, mb, n, k, format_key(dtype, group_size, symmetric, act_order))
         source = f"tuned:{file}"
         if row is not None:
-            runnable = runnable_row(row, pingpong_available(device) and pingpong_supports_format(group_size, k))
+            runnable = runnable_row(row, pingpong_available(device))
             source += "" if runnable is row else " (FALLBACK of a pingpong entry)"
             row = runnable
         if row is not None:

@@ -20,19 +20,21 @@ Contract (`launch_pingpong`): x [M, K] fp16 / bf16 (unit stride along K, 16-byte
 [ceil(N/64), ceil(K/128), 64, 16] (layout.py: word 2p + h of row n in K block b holds at nibble q + 4t the code of
 row k = 128 b + 64 h + 16 q + 2 p + t); scales [K/G, N] (x's dtype, fp16 or fp32: rounded to x's dtype, as in the
 Triton kernels); zeros [K/G, N] uint8 or float (fractional zeros exact up to one rounding, `_dequant_pairs`), or
-None (symmetric: zero 8); G = 16, 32, 64, a multiple of 128 or K (per-channel). y [M, N] in x's dtype. Grid (cdiv(M,
+None (symmetric: zero 8); G any group size `quantize.validate_group_size` accepts (16, 32, 64, a multiple of 128,
+or K: per-channel). y [M, N] in x's dtype. Grid (cdiv(M,
 BLOCK_M), cdiv(N, 128), SPLIT_K): the M tiles of one weight tile are neighbours, so they share it through L2.
 SPLIT_K > 1 reduces like gemm.py (fp32 partials, an arrival counter per (tile, consumer), the last arrival sums
 in split order and resets its counter).
 
 Needs Gluon (Triton >= 3.5) and an sm_90 GPU (`available`); the dispatcher falls back to the entry's `FALLBACK`
-plan elsewhere (and for a group size it does not read: `supports_format`). Triton's CPU interpreter does not run
+plan elsewhere. Triton's CPU interpreter does not run
 Gluon: CI compiles the kernel for sm_90 on the CPU (tests/test_pingpong.py); the GPU suite checks its results.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -53,17 +55,14 @@ try:  # Gluon is experimental: absent before Triton 3.5, and its names move betw
 except ImportError:  # pragma: no cover - exercised only with an old Triton
     HAVE_GLUON = False
 
-__all__ = ["HAVE_GLUON", "available", "supports_format", "launch_pingpong", "compile_for_sm90"]
+__all__ = ["HAVE_GLUON", "available", "launch_pingpong", "compile_for_sm90"]
 
+_CONSUMER_REGS = triton.language.constexpr(232)  # registers per consumer thread (setmaxnreg); the loader warp keeps 24
 
-
-def supports_format(group_size: int, in_features: int) -> bool:
-    """Whether the kernel reads this grouping: G = 16, 32, 64 (2-8 groups per 128-row K block), a multiple of 128,
-    or per-channel (G = K)."""
-    return group_size == in_features or group_size % K_BLOCK == 0 or group_size in (16, 32, 64)
 
 
 def _groups_per_block(group_size: int, in_features: int) -> int:
+    """Groups of one 128-row K block: 128 / G for G = 16, 32, 64, else 1 (G a multiple of 128, or per-channel)."""
     return K_BLOCK // group_size if (group_size < K_BLOCK and group_size != in_features) else 1
 
 
@@ -168,9 +167,9 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _consumer(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
-                  stride_ym, HALF: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr,
+                  stride_ym, CONSUMER: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr,
                   SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, CONSUMERS: gl.constexpr):
-        """Rows HALF * 64 .. + 63 of the program's weight tile, K blocks of its split: words (and scale / zero) loaded
+        """Rows CONSUMER * 64 .. + 63 of the program's weight tile, K blocks of its split: words (and scale / zero) loaded
         two blocks ahead into registers, unpacked into the A operands, two wgmma (K = 64 each) against x's stage,
         wait, release the stage; then y (or the split's fp32 partial) from the accumulator."""
         dtype: gl.constexpr = x_smem.dtype
@@ -185,7 +184,7 @@ if HAVE_GLUON:
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
         w_layout: gl.constexpr = _operand_words_layout()
-        n = tile_n * (64 * CONSUMERS) + HALF * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, w_layout))
+        n = tile_n * (64 * CONSUMERS) + CONSUMER * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, w_layout))
         n_ok = n < N
         cols = gl.arange(0, 16, layout=gl.SliceLayout(0, w_layout))
         # tile (n // 64, b) of 64 x 16 words is contiguous (1024 words); int64: the largest weights pass 2**31 bytes
@@ -218,7 +217,7 @@ if HAVE_GLUON:
 
         # y [M, N] is contiguous along n, the accumulator's rows: re-lay it out so each thread stores 8 n in a row
         out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1])
-        offs_n = tile_n * (64 * CONSUMERS) + HALF * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
+        offs_n = tile_n * (64 * CONSUMERS) + CONSUMER * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
         offs_m = tile_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
         mask = (offs_m[None, :] < M) & (offs_n[:, None] < N)
         y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
@@ -229,7 +228,7 @@ if HAVE_GLUON:
             part_ptrs = part_ptr + offs_m[None, :] * N + offs_n[:, None]
             gl.store(part_ptrs + split * M * N, gl.convert_layout(acc, out_layout), mask=mask)
             _cta_barrier()  # every thread's partial is written before the counter says so
-            counter = lock_ptr + ((tile_n * gl.num_programs(0) + tile_m) * CONSUMERS + HALF)
+            counter = lock_ptr + ((tile_n * gl.num_programs(0) + tile_m) * CONSUMERS + CONSUMER)
             if gl.atomic_add(counter, 1, sem="acq_rel") == SPLIT_K - 1:
                 total = gl.zeros([64, BLOCK_M], gl.float32, layout=out_layout)
                 for j in range(SPLIT_K):
@@ -257,7 +256,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _pingpong_kernel(x_desc, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, group_size, stride_ym,
                          BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr, SYMMETRIC: gl.constexpr,
-                         GROUPS: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                         GROUPS: gl.constexpr, CONSUMERS: gl.constexpr):
         """y[M, N] = x[M, K] @ W[K, N]: see the module docstring for the contract and the partitions."""
         x_smem = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BLOCK_M, 64], x_desc.layout)
         x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -275,7 +274,7 @@ if HAVE_GLUON:
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
                              num_groups, stride_ym, 1, BLOCK_M, STAGES, SPLIT_K, SYMMETRIC, GROUPS, CONSUMERS)),
                 (_x_loader, (x_desc, x_smem, x_ready, empty, num_kb, BLOCK_M, STAGES, SPLIT_K)),
-            ], [4, 1], [CONSUMER_REGS, 24])
+            ], [4, 1], [_CONSUMER_REGS, 24])
         else:  # one consumer per program: two programs per SM (with maxnreg 128) ping-pong instead
             gl.warp_specialize([
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
@@ -285,41 +284,58 @@ if HAVE_GLUON:
 
 
 def _x_descriptor(x2: torch.Tensor, block_m: int):
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    return TensorDescriptor.from_tensor(x2, [block_m, 64], layout)
+    return TensorDescriptor.from_tensor(x2, [block_m, 64], gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+
+
+@dataclass(frozen=True)
+class _PingpongLaunch:
+    """What a pingpong plan needs per call, made once per (plan, format) and kept in `plan.launches` (as gemm.py's
+    prepared launches are): the tiling that sets the grid and the split-K scratch, and the kernel's constexprs."""
+
+    block_m: int
+    split_k: int  # the plan's; a call with fewer K blocks uses that many
+    consumers: int
+    constexprs: dict
+    options: dict
+
+
+def _pingpong_launch(plan, in_features: int, group_size: int, symmetric: bool) -> _PingpongLaunch:
+    key = ("pingpong", in_features, group_size, symmetric)
+    prepared = plan.launches.get(key)
+    if prepared is None:
+        cfg = plan.config
+        consumers = cfg.get("CONSUMERS", 2)
+        if consumers not in (1, 2):
+            raise ValueError(f"config CONSUMERS must be 1 or 2 (64 weight rows each per program), got {consumers!r}")
+        constexprs = dict(BLOCK_M=cfg.get("BLOCK_M", 128), STAGES=cfg.get("num_stages", 4), SYMMETRIC=symmetric,
+                          GROUPS=_groups_per_block(group_size, in_features), CONSUMERS=consumers)
+        options = {"num_warps": 4, **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {})}
+        prepared = plan.launches[key] = _PingpongLaunch(constexprs["BLOCK_M"], cfg.get("SPLIT_K", 1), consumers, constexprs,
+                                                        options)
+    return prepared
 
 
 def launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: int, plan, out=None) -> torch.Tensor:
-    """y = x2 @ W by `_pingpong_kernel` with the plan's (a dispatch.Plan) BLOCK_M, num_stages (ring depth), SPLIT_K and
-    CONSUMER_REGS (the consumers' register budget). x2 [M, K] is copied first when TMA cannot read it in place."""
+    """y = x2 @ W by `_pingpong_kernel` with the plan's (a dispatch.Plan) BLOCK_M, num_stages (ring depth), SPLIT_K,
+    CONSUMERS and maxnreg. x2 [M, K] is copied first when TMA cannot read it in place."""
     if not available(x2.device):
         raise RuntimeError(f"w4a16: path 'pingpong' needs Gluon (Triton >= 3.5) and an NVIDIA sm_90 GPU; x is on {x2.device}")
-    if not supports_format(group_size, in_features):
-        raise ValueError(f"w4a16: path 'pingpong' needs group_size 16, 32, 64, a multiple of {K_BLOCK} or per-channel, got {group_size}")
-    cfg = plan.config
+    run = _pingpong_launch(plan, in_features, group_size, zeros is None)
     m, k = x2.shape
     n = scales.shape[1]
     if x2.data_ptr() % 16 or x2.stride(0) % 8 or x2.stride(1) != 1:
         x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
-    block_m = cfg.get("BLOCK_M", 128)
-    num_kb = -(-k // K_BLOCK)
-    split_k = max(1, min(cfg.get("SPLIT_K", 1), num_kb))
+    split_k = max(1, min(run.split_k, -(-k // K_BLOCK)))
     y = torch.empty((m, n), device=x2.device, dtype=x2.dtype) if out is None else out
-    consumers = cfg.get("CONSUMERS", 2)
-    if consumers not in (1, 2):
-        raise ValueError(f"config CONSUMERS must be 1 or 2 (64 weight rows each per program), got {consumers!r}")
-    grid = (-(-m // block_m), -(-n // (64 * consumers)), split_k)
+    grid = (-(-m // run.block_m), -(-n // (64 * run.consumers)), split_k)
     if split_k > 1:
         if split_k * m * n >= 2**31:
             raise ValueError(f"split-K workspace too large for int32 offsets: SPLIT_K={split_k}, M={m}, N={n}")
-        part, lock = split_k_scratch(x2.device, current_stream(x2.device), grid[0] * grid[1] * consumers, split_k * m * n)
+        part, lock = split_k_scratch(x2.device, current_stream(x2.device), grid[0] * grid[1] * run.consumers, split_k * m * n)
     else:
         part = lock = y  # unused
-    _pingpong_kernel[grid](
-        _x_descriptor(x2, block_m), qweight, scales, scales if zeros is None else zeros, y, part, lock, m, n, k, group_size,
-        y.stride(0), BLOCK_M=block_m, STAGES=cfg.get("num_stages", 4), SPLIT_K=split_k, SYMMETRIC=zeros is None,
-        GROUPS=_groups_per_block(group_size, in_features), CONSUMERS=consumers, CONSUMER_REGS=cfg.get("CONSUMER_REGS", 232),
-        num_warps=4, **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}))
+    _pingpong_kernel[grid](_x_descriptor(x2, run.block_m), qweight, scales, scales if zeros is None else zeros, y, part, lock, m,
+                           n, k, group_size, y.stride(0), SPLIT_K=split_k, **run.constexprs, **run.options)
     return y
 
 
@@ -340,7 +356,7 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, sta
                  "y_ptr": f"*{type_names[dtype]}", "part_ptr": "*fp32", "lock_ptr": "*i32",
                  "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_ym": "i32"}
     constexprs = {"BLOCK_M": block_m, "STAGES": stages, "SPLIT_K": split_k, "SYMMETRIC": symmetric, "GROUPS": groups,
-                  "CONSUMERS": consumers, "CONSUMER_REGS": 232}
+                  "CONSUMERS": consumers}
     names = list(signature) + list(constexprs)
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in ("qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr", "N", "K")}
