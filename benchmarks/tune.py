@@ -109,6 +109,8 @@ def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536):
                 continue
             for split in split_counts(-(-n // 128) * -(-m // bm), k, sm_count, most=4):
                 yield "pingpong", {"BLOCK_M": bm, "num_stages": stages, "SPLIT_K": split}
+            # Stream-K: one persistent program per SM shares the (tile, K block) units evenly (no half-empty wave)
+            yield "pingpong", {"BLOCK_M": bm, "num_stages": stages, "PROGRAMS": sm_count}
         # one consumer (64 weight rows) per program, two programs per SM: registers capped at 128 per thread at launch
         # (the consumer takes 232 of its program's share back), the x ring <= ~110 KB
         for bm, stages in ((64, 4), (128, 2)):
@@ -116,6 +118,7 @@ def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536):
                 continue
             for split in split_counts(-(-n // 64) * -(-m // bm), k, 2 * sm_count, most=4):
                 yield "pingpong", {"BLOCK_M": bm, "num_stages": stages, "SPLIT_K": split, "CONSUMERS": 1, "maxnreg": 128}
+            yield "pingpong", {"BLOCK_M": bm, "num_stages": stages, "PROGRAMS": 2 * sm_count, "CONSUMERS": 1, "maxnreg": 128}
     if m >= 64:  # the dense path (dequantize + cuBLAS): the H200 table picks it at M = 512 on four shapes, M >= 1024 on all
         yield "dense", {}
 

@@ -20,17 +20,17 @@ def _on_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-@pytest.mark.parametrize("dtype,split_k,symmetric,zeros_dtype,block_m,groups,consumers", [
-    (torch.float16, 1, False, torch.uint8, 128, 1, 2),   # group 128 (and any multiple, and per-channel)
-    (torch.bfloat16, 3, True, torch.uint8, 64, 2, 2),    # group 64, symmetric
-    (torch.float16, 2, False, torch.float16, 256, 4, 2),  # group 32, float (fractional) zeros
-    (torch.float16, 2, False, torch.uint8, 128, 1, 1),   # one consumer per program, maxnreg 128
+@pytest.mark.parametrize("dtype,symmetric,zeros_dtype,block_m,groups,consumers", [
+    (torch.float16, False, torch.uint8, 128, 1, 2),   # group 128 (and any multiple, and per-channel)
+    (torch.bfloat16, True, torch.uint8, 64, 2, 2),    # group 64, symmetric
+    (torch.float16, False, torch.float16, 256, 4, 2),  # group 32, float (fractional) zeros
+    (torch.float16, False, torch.uint8, 128, 1, 1),   # one consumer per program, maxnreg 128
 ])
-def test_pingpong_compiles_for_sm90(w4a16, dtype, split_k, symmetric, zeros_dtype, block_m, groups, consumers):
+def test_pingpong_compiles_for_sm90(w4a16, dtype, symmetric, zeros_dtype, block_m, groups, consumers):
     pingpong = w4a16.gemm_pingpong
     if not pingpong.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
-    compiled = pingpong.compile_for_sm90(dtype, block_m, 3 if block_m < 256 else 2, split_k, symmetric, zeros_dtype, groups=groups,
+    compiled = pingpong.compile_for_sm90(dtype, block_m, 3 if block_m < 256 else 2, symmetric, zeros_dtype, groups=groups,
                                          consumers=consumers, maxnreg=128 if consumers == 1 else None)
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx  # tensor cores fed by TMA
@@ -75,6 +75,8 @@ def test_pingpong_refuses_what_it_cannot_run(w4a16, device):
     else:
         with pytest.raises(ValueError, match="CONSUMERS must be 1 or 2"):
             call({"CONSUMERS": 3})
+        with pytest.raises(ValueError, match="PROGRAMS must be a positive int"):
+            call({"PROGRAMS": 4, "SPLIT_K": 2})
 
 
 @pytest.mark.skipif(not _on_hopper() or not torch.cuda.is_available(), reason="the Gluon kernel needs an sm_90 GPU")
@@ -93,7 +95,19 @@ def test_pingpong_refuses_what_it_cannot_run(w4a16, device):
     {"BLOCK_M": 128, "num_stages": 4, "SPLIT_K": 3},
     {"BLOCK_M": 256, "num_stages": 2, "SPLIT_K": 2},
     {"BLOCK_M": 128, "num_stages": 2, "SPLIT_K": 2, "CONSUMERS": 1, "maxnreg": 128},
+    {"BLOCK_M": 128, "num_stages": 3, "PROGRAMS": 5},  # Stream-K: tiles shared by 2-3 programs, and whole ones
+    {"BLOCK_M": 64, "num_stages": 4, "PROGRAMS": 7, "CONSUMERS": 1, "maxnreg": 128},
 ])
 def test_pingpong_matches_reference(w4a16, dtype, k, n, group_size, symmetric, fractional, config):
     weight, ref = random_layer(w4a16, k, n, group_size, symmetric, dtype, "cuda", seed=21, fractional_zeros=fractional)
     assert_path_matches_reference(w4a16, weight, ref, ("pingpong", config), dtype, "cuda", (1, 3, 33, 64, 130, 257), seed=22)
+
+
+@pytest.mark.skipif(not _on_hopper() or not torch.cuda.is_available(), reason="the Gluon kernel needs an sm_90 GPU")
+@pytest.mark.parametrize("programs,consumers", [(37, 2), (132, 2), (264, 1)])
+def test_pingpong_stream_k_many_contributors(w4a16, programs, consumers):
+    """A persistent grid on few tiles: each tile's 24 K blocks are shared by many programs (one or two units each),
+    and segments cross tile boundaries; the reduction must still sum every partial once, in order."""
+    weight, ref = random_layer(w4a16, 3072, 200, 128, False, torch.float16, "cuda", seed=31)
+    config = {"BLOCK_M": 64, "num_stages": 4, "PROGRAMS": programs, **({"CONSUMERS": 1, "maxnreg": 128} if consumers == 1 else {})}
+    assert_path_matches_reference(w4a16, weight, ref, ("pingpong", config), torch.float16, "cuda", (1, 64, 130), seed=32)

@@ -21,10 +21,17 @@ Contract (`launch_pingpong`): x [M, K] fp16 / bf16 (unit stride along K, 16-byte
 row k = 128 b + 64 h + 16 q + 2 p + t); scales [K/G, N] (x's dtype, fp16 or fp32: rounded to x's dtype, as in the
 Triton kernels); zeros [K/G, N] uint8 or float (fractional zeros exact up to one rounding, `_dequant_pairs`), or
 None (symmetric: zero 8); G any group size `quantize.validate_group_size` accepts (16, 32, 64, a multiple of 128,
-or K: per-channel). y [M, N] in x's dtype. Grid (cdiv(M,
-BLOCK_M), cdiv(N, 128), SPLIT_K): the M tiles of one weight tile are neighbours, so they share it through L2.
-SPLIT_K > 1 reduces like gemm.py (fp32 partials, an arrival counter per (tile, consumer), the last arrival sums
-in split order and resets its counter).
+or K: per-channel). y [M, N] in x's dtype.
+
+Work list and grid (as gemm.py's Stream-K kernel): the units are (tile, K block) pairs, tiles of BLOCK_M tokens x
+64 * CONSUMERS weight rows in order (M tiles fastest: the M tiles of one weight tile are neighbours, so they share
+it through L2), blocks in K order within a tile: T = tiles * ceil(K / 128) units. Program p of the 1-D grid (P,)
+takes units [p*T // P, (p+1)*T // P): P = tiles gives each program one whole tile, P = tiles * SPLIT_K splits each
+tile's K range SPLIT_K ways, and P = PROGRAMS (a persistent grid, about the SM count) shares the work evenly
+whatever the tile count (Stream-K: no half-empty last wave). A tile a program covers whole is stored directly; a
+shared one is reduced deterministically: each contributor writes its fp32 partial to its own workspace slot, bumps
+the (tile, consumer) counter, and the last to arrive sums the partials in program order, writes y and resets the
+counter. Assumes P <= T (every program has work) and P * T < 2**31 (checked by the launcher).
 
 Needs Gluon (Triton >= 3.5) and an sm_90 GPU (`available`); the dispatcher falls back to the entry's `FALLBACK`
 plan elsewhere. Triton's CPU interpreter does not run
@@ -166,38 +173,34 @@ if HAVE_GLUON:
         return words, scales, zeros
 
     @gluon.jit
-    def _consumer(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
-                  stride_ym, CONSUMER: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr,
-                  SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, CONSUMERS: gl.constexpr):
-        """Rows CONSUMER * 64 .. + 63 of the program's weight tile, K blocks of its split: words (and scale / zero) loaded
-        two blocks ahead into registers, unpacked into the A operands, two wgmma (K = 64 each) against x's stage,
-        wait, release the stage; then y (or the split's fp32 partial) from the accumulator."""
+    def _work_range(M, N, num_kb, BLOCK_M: gl.constexpr, CONSUMERS: gl.constexpr):
+        """This program's units [start, end) of the work list (see the module docstring), the list's length and
+        the M tiles per weight tile."""
+        tiles_m = (M + BLOCK_M - 1) // BLOCK_M
+        total = tiles_m * ((N + 64 * CONSUMERS - 1) // (64 * CONSUMERS)) * num_kb
+        pid = gl.program_id(0)
+        programs = gl.num_programs(0)
+        return (pid * total) // programs, ((pid + 1) * total) // programs, total, tiles_m
+
+    @gluon.jit
+    def _accumulate(word_ptrs, s_ptr, z_ptr, x_smem, x_ready, empty, n, n_ok, N, block_start, block_end, ring_start,
+                    group_size, num_groups, a_layout: gl.constexpr, mma_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                    STAGES: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr):
+        """acc [64, BLOCK_M] fp32 over K blocks [block_start, block_end) of one weight tile's 64 rows: words (and
+        scale / zero) loaded two blocks ahead into registers, unpacked into the A operands, two wgmma (K = 64
+        each) against x's stage, wait, release the stage. ring_start: the ring position of block_start."""
         dtype: gl.constexpr = x_smem.dtype
         MAGIC: gl.constexpr = 0x64006400 if dtype == gl.float16 else 0x43004300
         MAGIC_VALUE: gl.constexpr = 1024.0 if dtype == gl.float16 else 128.0
         PAIR: gl.constexpr = "f16x2" if dtype == gl.float16 else "bf16x2"
-        tile_m = gl.program_id(0)
-        tile_n = gl.program_id(1)
-        split = gl.program_id(2)
-        kb_start = split * num_kb // SPLIT_K
-        kb_end = (split + 1) * num_kb // SPLIT_K
-        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
-        w_layout: gl.constexpr = _operand_words_layout()
-        n = tile_n * (64 * CONSUMERS) + CONSUMER * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, w_layout))
-        n_ok = n < N
-        cols = gl.arange(0, 16, layout=gl.SliceLayout(0, w_layout))
-        # tile (n // 64, b) of 64 x 16 words is contiguous (1024 words); int64: the largest weights pass 2**31 bytes
-        word_ptrs = qw_ptr + ((n // 64).to(gl.int64) * num_kb * 1024 + (n % 64) * 16)[:, None] + cols[None, :]
-
-        # blocks kb_start and kb_start + 1 in flight before the loop; each iteration fetches the one two ahead
-        # (clamped to the split's last block: the tail re-reads it instead of reading past the range)
-        w0, s0, z0 = _load_block(word_ptrs, s_ptr, z_ptr, kb_start, n, n_ok, N, group_size, num_groups, SYMMETRIC, GROUPS)
-        w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(kb_start + 1, kb_end - 1), n, n_ok, N, group_size, num_groups,
-                                 SYMMETRIC, GROUPS)
+        # blocks block_start and block_start + 1 in flight before the loop; each iteration fetches the one two ahead
+        # (clamped to the segment's last block: the tail re-reads it instead of reading past the range)
+        w0, s0, z0 = _load_block(word_ptrs, s_ptr, z_ptr, block_start, n, n_ok, N, group_size, num_groups, SYMMETRIC, GROUPS)
+        w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(block_start + 1, block_end - 1), n, n_ok, N, group_size,
+                                 num_groups, SYMMETRIC, GROUPS)
         acc = gl.zeros([64, BLOCK_M], gl.float32, layout=mma_layout)
-        for kb in range(kb_start, kb_end):
-            i = kb - kb_start
+        for kb in range(block_start, block_end):
+            i = ring_start + kb - block_start
             stage = i % STAGES
             phase = (i // STAGES) & 1
             words = w0.to(gl.uint32, bitcast=True)
@@ -206,7 +209,7 @@ if HAVE_GLUON:
             w0 = w1
             s0 = s1
             z0 = z1
-            w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(kb + 2, kb_end - 1), n, n_ok, N, group_size,
+            w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(kb + 2, block_end - 1), n, n_ok, N, group_size,
                                      num_groups, SYMMETRIC, GROUPS)
             a_lo, a_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
             mbarrier.wait(x_ready.index(stage), phase)
@@ -214,50 +217,91 @@ if HAVE_GLUON:
             acc = warpgroup_mma(a_hi, x_smem.index(2 * stage + 1).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
             mbarrier.arrive(empty.index(stage), count=1)
-
-        # y [M, N] is contiguous along n, the accumulator's rows: re-lay it out so each thread stores 8 n in a row
-        out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1])
-        offs_n = tile_n * (64 * CONSUMERS) + CONSUMER * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
-        offs_m = tile_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
-        mask = (offs_m[None, :] < M) & (offs_n[:, None] < N)
-        y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
-        if SPLIT_K == 1:
-            gl.store(y_ptrs, gl.convert_layout(acc.to(dtype), out_layout), mask=mask)
-        else:
-            # part [SPLIT_K, M, N] fp32 (< 2**31 elements: checked by the launcher); counter per (tile, consumer)
-            part_ptrs = part_ptr + offs_m[None, :] * N + offs_n[:, None]
-            gl.store(part_ptrs + split * M * N, gl.convert_layout(acc, out_layout), mask=mask)
-            _cta_barrier()  # every thread's partial is written before the counter says so
-            counter = lock_ptr + ((tile_n * gl.num_programs(0) + tile_m) * CONSUMERS + CONSUMER)
-            if gl.atomic_add(counter, 1, sem="acq_rel") == SPLIT_K - 1:
-                total = gl.zeros([64, BLOCK_M], gl.float32, layout=out_layout)
-                for j in range(SPLIT_K):
-                    total += gl.load(part_ptrs + j * M * N, mask=mask, other=0.0, cache_modifier=".cg")
-                gl.store(y_ptrs, total.to(dtype), mask=mask)
-                gl.atomic_xchg(counter, 0)
+        return acc
 
     @gluon.jit
-    def _x_loader(x_desc, x_smem, x_ready, empty, num_kb, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr):
-        """One warp: x's tile of each K block of the split into the ring (two 64-column TMA boxes: one 128-byte
-        swizzle row each), once both consumers have released the stage; TMA fills columns past K with zeros."""
-        tile_m = gl.program_id(0)
-        split = gl.program_id(2)
-        kb_start = split * num_kb // SPLIT_K
-        kb_end = (split + 1) * num_kb // SPLIT_K
-        for kb in range(kb_start, kb_end):
-            i = kb - kb_start
+    def _consumer(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
+                  stride_ym, CONSUMER: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SYMMETRIC: gl.constexpr,
+                  GROUPS: gl.constexpr, CONSUMERS: gl.constexpr):
+        """Rows CONSUMER * 64 .. + 63 of each weight tile in the program's units, one segment (a tile's run of K
+        blocks) at a time: the segment's accumulator, then y when the segment is the whole tile, else its fp32
+        partial and, for the tile's last arrival, the sum of the tile's partials in program order."""
+        dtype: gl.constexpr = x_smem.dtype
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
+        w_layout: gl.constexpr = _operand_words_layout()
+        # y [M, N] is contiguous along n, the accumulator's rows: re-lay it out so each thread stores 8 n in a row
+        out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1])
+        TILE: gl.constexpr = 64 * BLOCK_M
+        rows = gl.arange(0, 64, layout=gl.SliceLayout(1, w_layout))
+        cols = gl.arange(0, 16, layout=gl.SliceLayout(0, w_layout))
+        out_rows = gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
+        out_cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
+        local = out_rows[:, None] * BLOCK_M + out_cols[None, :]  # a partial's offsets in its workspace slot
+        start, end, total, tiles_m = _work_range(M, N, num_kb, BLOCK_M, CONSUMERS)
+        pid = gl.program_id(0)
+        programs = gl.num_programs(0)
+        unit = start
+        while unit < end:
+            tile = unit // num_kb
+            block_start = unit - tile * num_kb
+            block_end = gl.minimum(num_kb, block_start + (end - unit))
+            tile_m = tile % tiles_m
+            row_tile = (tile // tiles_m) * CONSUMERS + CONSUMER  # this consumer's 64-row tile of the weight
+            n = row_tile * 64 + rows
+            # tile (n // 64, b) of 64 x 16 words is contiguous (1024 words); int64: the largest weights pass 2**31 bytes
+            word_ptrs = qw_ptr + row_tile.to(gl.int64) * num_kb * 1024 + (rows * 16)[:, None] + cols[None, :]
+            acc = _accumulate(word_ptrs, s_ptr, z_ptr, x_smem, x_ready, empty, n, n < N, N, block_start, block_end, unit - start,
+                              group_size, num_groups, a_layout, mma_layout, BLOCK_M, STAGES, SYMMETRIC, GROUPS)
+
+            offs_n = row_tile * 64 + out_rows
+            offs_m = tile_m * BLOCK_M + out_cols
+            mask = (offs_m[None, :] < M) & (offs_n[:, None] < N)
+            y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
+            if (block_start == 0) & (block_end == num_kb):
+                gl.store(y_ptrs, gl.convert_layout(acc.to(dtype), out_layout), mask=mask)
+            else:
+                # part [P, 2, CONSUMERS, 64, BLOCK_M] fp32: slot 0 for the segment a program starts with, 1 for the
+                # one it ends with; a counter per (tile, consumer)
+                slot = (unit != start).to(gl.int32)
+                gl.store(part_ptr + ((pid * 2 + slot) * CONSUMERS + CONSUMER) * TILE + local, gl.convert_layout(acc, out_layout))
+                _cta_barrier()  # every thread's partial is written before the counter says so
+                counter = lock_ptr + tile * CONSUMERS + CONSUMER
+                first = ((tile * num_kb + 1) * programs - 1) // total  # the program that owns the tile's first unit
+                last = ((tile + 1) * num_kb * programs - 1) // total  # ... and its last unit
+                if gl.atomic_add(counter, 1, sem="acq_rel") == last - first:
+                    reduced = gl.zeros([64, BLOCK_M], gl.float32, layout=out_layout)
+                    for q in range(first, last + 1):
+                        q_slot = (((q * total) // programs) < tile * num_kb).to(gl.int32)  # q began before this tile
+                        reduced += gl.load(part_ptr + ((q * 2 + q_slot) * CONSUMERS + CONSUMER) * TILE + local,
+                                           cache_modifier=".cg")
+                    gl.store(y_ptrs, reduced.to(dtype), mask=mask)
+                    gl.atomic_xchg(counter, 0)
+            unit += block_end - block_start
+
+    @gluon.jit
+    def _x_loader(x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                  CONSUMERS: gl.constexpr):
+        """One warp: x's tile of each unit of the program into the ring (two 64-column TMA boxes: one 128-byte
+        swizzle row each), once every consumer has released the stage; TMA fills columns past K with zeros."""
+        start, end, total, tiles_m = _work_range(M, N, num_kb, BLOCK_M, CONSUMERS)
+        for unit in range(start, end):
+            tile = unit // num_kb
+            kb = unit - tile * num_kb
+            i = unit - start
             stage = i % STAGES
             phase = (i // STAGES) & 1
             mbarrier.wait(empty.index(stage), phase ^ 1)
             mbarrier.expect(x_ready.index(stage), 2 * x_desc.block_type.nbytes)
-            _tma_load(x_desc, [tile_m * BLOCK_M, kb * 128], x_ready.index(stage), x_smem.index(2 * stage))
-            _tma_load(x_desc, [tile_m * BLOCK_M, kb * 128 + 64], x_ready.index(stage), x_smem.index(2 * stage + 1))
+            row = (tile % tiles_m) * BLOCK_M
+            _tma_load(x_desc, [row, kb * 128], x_ready.index(stage), x_smem.index(2 * stage))
+            _tma_load(x_desc, [row, kb * 128 + 64], x_ready.index(stage), x_smem.index(2 * stage + 1))
 
     @gluon.jit
     def _pingpong_kernel(x_desc, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, group_size, stride_ym,
-                         BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr, SYMMETRIC: gl.constexpr,
-                         GROUPS: gl.constexpr, CONSUMERS: gl.constexpr):
-        """y[M, N] = x[M, K] @ W[K, N]: see the module docstring for the contract and the partitions."""
+                         BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr,
+                         CONSUMERS: gl.constexpr):
+        """y[M, N] = x[M, K] @ W[K, N]: see the module docstring for the contract, the work list and the partitions."""
         x_smem = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BLOCK_M, 64], x_desc.layout)
         x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -270,18 +314,17 @@ if HAVE_GLUON:
         if CONSUMERS == 2:
             gl.warp_specialize([
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
-                             num_groups, stride_ym, 0, BLOCK_M, STAGES, SPLIT_K, SYMMETRIC, GROUPS, CONSUMERS)),
+                             num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS)),
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
-                             num_groups, stride_ym, 1, BLOCK_M, STAGES, SPLIT_K, SYMMETRIC, GROUPS, CONSUMERS)),
-                (_x_loader, (x_desc, x_smem, x_ready, empty, num_kb, BLOCK_M, STAGES, SPLIT_K)),
+                             num_groups, stride_ym, 1, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS)),
+                (_x_loader, (x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M, STAGES, CONSUMERS)),
             ], [4, 1], [_CONSUMER_REGS, 24])
         else:  # one consumer per program: two programs per SM (with maxnreg 128) ping-pong instead
             gl.warp_specialize([
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
-                             num_groups, stride_ym, 0, BLOCK_M, STAGES, SPLIT_K, SYMMETRIC, GROUPS, CONSUMERS)),
-                (_x_loader, (x_desc, x_smem, x_ready, empty, num_kb, BLOCK_M, STAGES, SPLIT_K)),
+                             num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS)),
+                (_x_loader, (x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M, STAGES, CONSUMERS)),
             ], [1], [24])
-
 
 def _x_descriptor(x2: torch.Tensor, block_m: int):
     return TensorDescriptor.from_tensor(x2, [block_m, 64], gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
@@ -290,10 +333,11 @@ def _x_descriptor(x2: torch.Tensor, block_m: int):
 @dataclass(frozen=True)
 class _PingpongLaunch:
     """What a pingpong plan needs per call, made once per (plan, format) and kept in `plan.launches` (as gemm.py's
-    prepared launches are): the tiling that sets the grid and the split-K scratch, and the kernel's constexprs."""
+    prepared launches are): the tiling that sets the grid and the scratch, and the kernel's constexprs."""
 
     block_m: int
-    split_k: int  # the plan's; a call with fewer K blocks uses that many
+    split_k: int  # grid = tiles * SPLIT_K programs (a call with fewer K blocks uses that many) ...
+    programs: int  # ... or, when > 0, this many (Stream-K: a persistent grid)
     consumers: int
     constexprs: dict
     options: dict
@@ -307,17 +351,20 @@ def _pingpong_launch(plan, in_features: int, group_size: int, symmetric: bool) -
         consumers = cfg.get("CONSUMERS", 2)
         if consumers not in (1, 2):
             raise ValueError(f"config CONSUMERS must be 1 or 2 (64 weight rows each per program), got {consumers!r}")
+        programs = cfg.get("PROGRAMS", 0)
+        if not isinstance(programs, int) or programs < 0 or (programs and cfg.get("SPLIT_K", 1) != 1):
+            raise ValueError(f"config PROGRAMS must be a positive int (a persistent grid) and then SPLIT_K 1, got {cfg!r}")
         constexprs = dict(BLOCK_M=cfg.get("BLOCK_M", 128), STAGES=cfg.get("num_stages", 4), SYMMETRIC=symmetric,
                           GROUPS=_groups_per_block(group_size, in_features), CONSUMERS=consumers)
         options = {"num_warps": 4, **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {})}
-        prepared = plan.launches[key] = _PingpongLaunch(constexprs["BLOCK_M"], cfg.get("SPLIT_K", 1), consumers, constexprs,
-                                                        options)
+        prepared = plan.launches[key] = _PingpongLaunch(constexprs["BLOCK_M"], cfg.get("SPLIT_K", 1), programs, consumers,
+                                                        constexprs, options)
     return prepared
 
 
 def launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: int, plan, out=None) -> torch.Tensor:
-    """y = x2 @ W by `_pingpong_kernel` with the plan's (a dispatch.Plan) BLOCK_M, num_stages (ring depth), SPLIT_K,
-    CONSUMERS and maxnreg. x2 [M, K] is copied first when TMA cannot read it in place."""
+    """y = x2 @ W by `_pingpong_kernel` with the plan's (a dispatch.Plan) BLOCK_M, num_stages (ring depth), SPLIT_K
+    or PROGRAMS, CONSUMERS and maxnreg. x2 [M, K] is copied first when TMA cannot read it in place."""
     if not available(x2.device):
         raise RuntimeError(f"w4a16: path 'pingpong' needs Gluon (Triton >= 3.5) and an NVIDIA sm_90 GPU; x is on {x2.device}")
     run = _pingpong_launch(plan, in_features, group_size, zeros is None)
@@ -325,21 +372,24 @@ def launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: in
     n = scales.shape[1]
     if x2.data_ptr() % 16 or x2.stride(0) % 8 or x2.stride(1) != 1:
         x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
-    split_k = max(1, min(run.split_k, -(-k // K_BLOCK)))
     y = torch.empty((m, n), device=x2.device, dtype=x2.dtype) if out is None else out
-    grid = (-(-m // run.block_m), -(-n // (64 * run.consumers)), split_k)
-    if split_k > 1:
-        if split_k * m * n >= 2**31:
-            raise ValueError(f"split-K workspace too large for int32 offsets: SPLIT_K={split_k}, M={m}, N={n}")
-        part, lock = split_k_scratch(x2.device, current_stream(x2.device), grid[0] * grid[1] * run.consumers, split_k * m * n)
+    k_blocks = -(-k // K_BLOCK)
+    tiles = -(-m // run.block_m) * -(-n // (64 * run.consumers))
+    # every program gets >= 1 unit (a tile's contributors are then consecutive programs: the reduction counts on it)
+    programs = min(run.programs, tiles * k_blocks) if run.programs else tiles * max(1, min(run.split_k, k_blocks))
+    if programs * tiles * k_blocks >= 2**31:
+        raise ValueError(f"pingpong work list too long for int32 arithmetic: {programs} programs, M={m}, N={n}, K={k}")
+    if programs != tiles:  # some tile is shared by programs
+        part, lock = split_k_scratch(x2.device, current_stream(x2.device), tiles * run.consumers,
+                                     programs * 2 * 128 * run.block_m)
     else:
-        part = lock = y  # unused
-    _pingpong_kernel[grid](_x_descriptor(x2, run.block_m), qweight, scales, scales if zeros is None else zeros, y, part, lock, m,
-                           n, k, group_size, y.stride(0), SPLIT_K=split_k, **run.constexprs, **run.options)
+        part = lock = y  # unused: every program stores its own whole tile
+    _pingpong_kernel[(programs,)](_x_descriptor(x2, run.block_m), qweight, scales, scales if zeros is None else zeros, y, part, lock,
+                                  m, n, k, group_size, y.stride(0), **run.constexprs, **run.options)
     return y
 
 
-def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, stages: int = 4, split_k: int = 1, symmetric: bool = False,
+def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, stages: int = 4, symmetric: bool = False,
                      zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None, groups: int = 1,
                      consumers: int = 2, maxnreg: int | None = None):
     """Compile `_pingpong_kernel` for sm_90 without a GPU (CI runs this: Gluon API changes between Triton releases
@@ -355,7 +405,7 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, sta
                  "z_ptr": f"*{type_names[(scales_dtype or dtype) if symmetric else zeros_dtype]}",
                  "y_ptr": f"*{type_names[dtype]}", "part_ptr": "*fp32", "lock_ptr": "*i32",
                  "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_ym": "i32"}
-    constexprs = {"BLOCK_M": block_m, "STAGES": stages, "SPLIT_K": split_k, "SYMMETRIC": symmetric, "GROUPS": groups,
+    constexprs = {"BLOCK_M": block_m, "STAGES": stages, "SYMMETRIC": symmetric, "GROUPS": groups,
                   "CONSUMERS": consumers}
     names = list(signature) + list(constexprs)
     signature.update({name: "constexpr" for name in constexprs})
