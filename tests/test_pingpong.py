@@ -20,21 +20,22 @@ def _on_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-@pytest.mark.parametrize("dtype,symmetric,zeros_dtype,block_m,groups,consumers", [
-    (torch.float16, False, torch.uint8, 128, 1, 2),   # group 128 (and any multiple, and per-channel)
-    (torch.bfloat16, True, torch.uint8, 64, 2, 2),    # group 64, symmetric
-    (torch.float16, False, torch.float16, 256, 4, 2),  # group 32, float (fractional) zeros
-    (torch.float16, False, torch.uint8, 128, 1, 1),   # one consumer per program, maxnreg 128
+@pytest.mark.parametrize("dtype,symmetric,zeros_dtype,block_m,groups,consumers,shared_tiles", [
+    (torch.float16, False, torch.uint8, 128, 1, 2, False),   # group 128 (and any multiple, and per-channel); whole tiles
+    (torch.bfloat16, True, torch.uint8, 64, 2, 2, True),     # group 64, symmetric; shared tiles (split-K, Stream-K)
+    (torch.float16, False, torch.float16, 256, 4, 2, True),  # group 32, float (fractional) zeros
+    (torch.float16, False, torch.uint8, 128, 1, 1, True),    # one consumer per program, maxnreg 128
 ])
-def test_pingpong_compiles_for_sm90(w4a16, dtype, symmetric, zeros_dtype, block_m, groups, consumers):
+def test_pingpong_compiles_for_sm90(w4a16, dtype, symmetric, zeros_dtype, block_m, groups, consumers, shared_tiles):
     pingpong = w4a16.gemm_pingpong
     if not pingpong.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     compiled = pingpong.compile_for_sm90(dtype, block_m, 3 if block_m < 256 else 2, symmetric, zeros_dtype, groups=groups,
-                                         consumers=consumers, maxnreg=128 if consumers == 1 else None)
+                                         consumers=consumers, maxnreg=128 if consumers == 1 else None, shared_tiles=shared_tiles)
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx  # tensor cores fed by TMA
     assert "setmaxnreg" in ptx  # the partitions got their register budgets
+    assert ("atom." in ptx) == shared_tiles  # the shared-tile reduction (arrival counters) only where tiles are shared
 
 
 def test_runnable_row_falls_back_where_pingpong_cannot_run(w4a16):

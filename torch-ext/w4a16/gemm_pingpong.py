@@ -220,64 +220,77 @@ if HAVE_GLUON:
         return acc
 
     @gluon.jit
-    def _consumer(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
-                  stride_ym, CONSUMER: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SYMMETRIC: gl.constexpr,
-                  GROUPS: gl.constexpr, CONSUMERS: gl.constexpr):
-        """Rows CONSUMER * 64 .. + 63 of each weight tile in the program's units, one segment (a tile's run of K
-        blocks) at a time: the segment's accumulator, then y when the segment is the whole tile, else its fp32
-        partial and, for the tile's last arrival, the sum of the tile's partials in program order."""
+    def _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
+                 stride_ym, unit, start, end, total, tiles_m, CONSUMER: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                 SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr):
+        """The program's segment that begins at `unit` (a tile's run of K blocks, up to the tile's or the program's
+        end), for rows CONSUMER * 64 .. + 63 of the tile: the accumulator, then y when the segment is the whole tile,
+        else its fp32 partial and, for the tile's last arrival, the sum of the tile's partials in program order.
+        Returns the unit after the segment."""
         dtype: gl.constexpr = x_smem.dtype
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
         w_layout: gl.constexpr = _operand_words_layout()
         # y [M, N] is contiguous along n, the accumulator's rows: re-lay it out so each thread stores 8 n in a row
         out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1])
-        TILE: gl.constexpr = 64 * BLOCK_M
+        tile = unit // num_kb
+        block_start = unit - tile * num_kb
+        block_end = gl.minimum(num_kb, block_start + (end - unit))
+        row_tile = (tile // tiles_m) * CONSUMERS + CONSUMER  # this consumer's 64-row tile of the weight
         rows = gl.arange(0, 64, layout=gl.SliceLayout(1, w_layout))
         cols = gl.arange(0, 16, layout=gl.SliceLayout(0, w_layout))
-        out_rows = gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
-        out_cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
-        local = out_rows[:, None] * BLOCK_M + out_cols[None, :]  # a partial's offsets in its workspace slot
-        start, end, total, tiles_m = _work_range(M, N, num_kb, BLOCK_M, CONSUMERS)
-        pid = gl.program_id(0)
-        programs = gl.num_programs(0)
-        unit = start
-        while unit < end:
-            tile = unit // num_kb
-            block_start = unit - tile * num_kb
-            block_end = gl.minimum(num_kb, block_start + (end - unit))
-            tile_m = tile % tiles_m
-            row_tile = (tile // tiles_m) * CONSUMERS + CONSUMER  # this consumer's 64-row tile of the weight
-            n = row_tile * 64 + rows
-            # tile (n // 64, b) of 64 x 16 words is contiguous (1024 words); int64: the largest weights pass 2**31 bytes
-            word_ptrs = qw_ptr + row_tile.to(gl.int64) * num_kb * 1024 + (rows * 16)[:, None] + cols[None, :]
-            acc = _accumulate(word_ptrs, s_ptr, z_ptr, x_smem, x_ready, empty, n, n < N, N, block_start, block_end, unit - start,
-                              group_size, num_groups, a_layout, mma_layout, BLOCK_M, STAGES, SYMMETRIC, GROUPS)
+        n = row_tile * 64 + rows
+        # tile (n // 64, b) of 64 x 16 words is contiguous (1024 words); int64: the largest weights pass 2**31 bytes
+        word_ptrs = qw_ptr + row_tile.to(gl.int64) * num_kb * 1024 + (rows * 16)[:, None] + cols[None, :]
+        acc = _accumulate(word_ptrs, s_ptr, z_ptr, x_smem, x_ready, empty, n, n < N, N, block_start, block_end, unit - start,
+                          group_size, num_groups, a_layout, mma_layout, BLOCK_M, STAGES, SYMMETRIC, GROUPS)
 
-            offs_n = row_tile * 64 + out_rows
-            offs_m = tile_m * BLOCK_M + out_cols
-            mask = (offs_m[None, :] < M) & (offs_n[:, None] < N)
-            y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
-            if (block_start == 0) & (block_end == num_kb):
-                gl.store(y_ptrs, gl.convert_layout(acc.to(dtype), out_layout), mask=mask)
-            else:
-                # part [P, 2, CONSUMERS, 64, BLOCK_M] fp32: slot 0 for the segment a program starts with, 1 for the
-                # one it ends with; a counter per (tile, consumer)
-                slot = (unit != start).to(gl.int32)
-                gl.store(part_ptr + ((pid * 2 + slot) * CONSUMERS + CONSUMER) * TILE + local, gl.convert_layout(acc, out_layout))
-                _cta_barrier()  # every thread's partial is written before the counter says so
-                counter = lock_ptr + tile * CONSUMERS + CONSUMER
-                first = ((tile * num_kb + 1) * programs - 1) // total  # the program that owns the tile's first unit
-                last = ((tile + 1) * num_kb * programs - 1) // total  # ... and its last unit
-                if gl.atomic_add(counter, 1, sem="acq_rel") == last - first:
-                    reduced = gl.zeros([64, BLOCK_M], gl.float32, layout=out_layout)
-                    for q in range(first, last + 1):
-                        q_slot = (((q * total) // programs) < tile * num_kb).to(gl.int32)  # q began before this tile
-                        reduced += gl.load(part_ptr + ((q * 2 + q_slot) * CONSUMERS + CONSUMER) * TILE + local,
-                                           cache_modifier=".cg")
-                    gl.store(y_ptrs, reduced.to(dtype), mask=mask)
-                    gl.atomic_xchg(counter, 0)
-            unit += block_end - block_start
+        offs_n = row_tile * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
+        offs_m = (tile % tiles_m) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
+        mask = (offs_m[None, :] < M) & (offs_n[:, None] < N)
+        y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
+        if not SHARED_TILES:  # every program has one whole tile (the reduction is not compiled in: registers)
+            gl.store(y_ptrs, gl.convert_layout(acc.to(dtype), out_layout), mask=mask)
+        elif (block_start == 0) & (block_end == num_kb):
+            gl.store(y_ptrs, gl.convert_layout(acc.to(dtype), out_layout), mask=mask)
+        else:
+            # part [P, 2, CONSUMERS, 64, BLOCK_M] fp32 (n fastest, like the stores): slot 0 for the segment a program
+            # starts with, 1 for the one it ends with; a counter per (tile, consumer)
+            TILE: gl.constexpr = 64 * BLOCK_M
+            local = (offs_n - row_tile * 64)[:, None] + (offs_m - (tile % tiles_m) * BLOCK_M)[None, :] * 64
+            programs = gl.num_programs(0)
+            slot = (unit != start).to(gl.int32)
+            gl.store(part_ptr + ((gl.program_id(0) * 2 + slot) * CONSUMERS + CONSUMER) * TILE + local,
+                     gl.convert_layout(acc, out_layout))
+            _cta_barrier()  # every thread's partial is written before the counter says so
+            counter = lock_ptr + tile * CONSUMERS + CONSUMER
+            first = ((tile * num_kb + 1) * programs - 1) // total  # the program that owns the tile's first unit
+            last = ((tile + 1) * num_kb * programs - 1) // total  # ... and its last unit
+            if gl.atomic_add(counter, 1, sem="acq_rel") == last - first:
+                reduced = gl.zeros([64, BLOCK_M], gl.float32, layout=out_layout)
+                for q in range(first, last + 1):
+                    q_slot = (((q * total) // programs) < tile * num_kb).to(gl.int32)  # q began before this tile
+                    reduced += gl.load(part_ptr + ((q * 2 + q_slot) * CONSUMERS + CONSUMER) * TILE + local, cache_modifier=".cg")
+                gl.store(y_ptrs, reduced.to(dtype), mask=mask)
+                gl.atomic_xchg(counter, 0)
+        return unit + block_end - block_start
+
+    @gluon.jit
+    def _consumer(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
+                  stride_ym, CONSUMER: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SYMMETRIC: gl.constexpr,
+                  GROUPS: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr):
+        """Rows CONSUMER * 64 .. + 63 of each weight tile in the program's units, one segment at a time."""
+        start, end, total, tiles_m = _work_range(M, N, num_kb, BLOCK_M, CONSUMERS)
+        if SHARED_TILES:
+            unit = start
+            while unit < end:
+                unit = _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
+                                num_groups, stride_ym, unit, start, end, total, tiles_m, CONSUMER, BLOCK_M, STAGES, SYMMETRIC, GROUPS,
+                                CONSUMERS, SHARED_TILES)
+        else:  # one whole tile
+            _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
+                     stride_ym, start, start, end, total, tiles_m, CONSUMER, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS,
+                     SHARED_TILES)
 
     @gluon.jit
     def _x_loader(x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
@@ -300,7 +313,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _pingpong_kernel(x_desc, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, group_size, stride_ym,
                          BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr,
-                         CONSUMERS: gl.constexpr):
+                         CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr):
         """y[M, N] = x[M, K] @ W[K, N]: see the module docstring for the contract, the work list and the partitions."""
         x_smem = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BLOCK_M, 64], x_desc.layout)
         x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -314,15 +327,15 @@ if HAVE_GLUON:
         if CONSUMERS == 2:
             gl.warp_specialize([
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
-                             num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS)),
+                             num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES)),
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
-                             num_groups, stride_ym, 1, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS)),
+                             num_groups, stride_ym, 1, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES)),
                 (_x_loader, (x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M, STAGES, CONSUMERS)),
             ], [4, 1], [_CONSUMER_REGS, 24])
         else:  # one consumer per program: two programs per SM (with maxnreg 128) ping-pong instead
             gl.warp_specialize([
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
-                             num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS)),
+                             num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES)),
                 (_x_loader, (x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M, STAGES, CONSUMERS)),
             ], [1], [24])
 
@@ -379,19 +392,19 @@ def launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: in
     programs = min(run.programs, tiles * k_blocks) if run.programs else tiles * max(1, min(run.split_k, k_blocks))
     if programs * tiles * k_blocks >= 2**31:
         raise ValueError(f"pingpong work list too long for int32 arithmetic: {programs} programs, M={m}, N={n}, K={k}")
-    if programs != tiles:  # some tile is shared by programs
-        part, lock = split_k_scratch(x2.device, current_stream(x2.device), tiles * run.consumers,
-                                     programs * 2 * 128 * run.block_m)
-    else:
-        part = lock = y  # unused: every program stores its own whole tile
+    # (with programs == tiles every program stores its own whole tile: no partials, no counters, but the kernel still
+    # takes an fp32 and an int32 pointer)
+    shared = programs != tiles
+    part, lock = split_k_scratch(x2.device, current_stream(x2.device), tiles * run.consumers if shared else 0,
+                                 programs * 2 * 128 * run.block_m if shared else 0)
     _pingpong_kernel[(programs,)](_x_descriptor(x2, run.block_m), qweight, scales, scales if zeros is None else zeros, y, part, lock,
-                                  m, n, k, group_size, y.stride(0), **run.constexprs, **run.options)
+                                  m, n, k, group_size, y.stride(0), SHARED_TILES=shared, **run.constexprs, **run.options)
     return y
 
 
 def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, stages: int = 4, symmetric: bool = False,
                      zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None, groups: int = 1,
-                     consumers: int = 2, maxnreg: int | None = None):
+                     consumers: int = 2, maxnreg: int | None = None, shared_tiles: bool = True):
     """Compile `_pingpong_kernel` for sm_90 without a GPU (CI runs this: Gluon API changes between Triton releases
     surface here). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
     from triton._C.libtriton import native_specialize_impl
@@ -406,7 +419,7 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, sta
                  "y_ptr": f"*{type_names[dtype]}", "part_ptr": "*fp32", "lock_ptr": "*i32",
                  "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_ym": "i32"}
     constexprs = {"BLOCK_M": block_m, "STAGES": stages, "SYMMETRIC": symmetric, "GROUPS": groups,
-                  "CONSUMERS": consumers}
+                  "CONSUMERS": consumers, "SHARED_TILES": shared_tiles}
     names = list(signature) + list(constexprs)
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in ("qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr", "N", "K")}
