@@ -268,9 +268,14 @@ if HAVE_GLUON:
             last = ((tile + 1) * num_kb * programs - 1) // total  # ... and its last unit
             if gl.atomic_add(counter, 1, sem="acq_rel") == last - first:
                 reduced = gl.zeros([64, BLOCK_M], gl.float32, layout=out_layout)
-                for q in range(first, last + 1):
+                for q in range(first, last + 1, 2):  # two partials in flight per step (the second may be past `last`)
                     q_slot = (((q * total) // programs) < tile * num_kb).to(gl.int32)  # q began before this tile
-                    reduced += gl.load(part_ptr + ((q * 2 + q_slot) * CONSUMERS + CONSUMER) * TILE + local, cache_modifier=".cg")
+                    q1_slot = ((((q + 1) * total) // programs) < tile * num_kb).to(gl.int32)
+                    first_part = gl.load(part_ptr + ((q * 2 + q_slot) * CONSUMERS + CONSUMER) * TILE + local, cache_modifier=".cg")
+                    second_part = gl.load(part_ptr + (((q + 1) * 2 + q1_slot) * CONSUMERS + CONSUMER) * TILE + local,
+                                          mask=gl.full(local.shape, q + 1, gl.int32, out_layout) <= last, other=0.0,
+                                          cache_modifier=".cg")
+                    reduced += first_part + second_part
                 gl.store(y_ptrs, reduced.to(dtype), mask=mask)
                 gl.atomic_xchg(counter, 0)
         return unit + block_end - block_start
