@@ -220,6 +220,33 @@ if HAVE_GLUON:
         return acc
 
     @gluon.jit
+    def _reduce_tile(part_ptr, y_ptr, first, last, programs, total, tile_unit, m0, n0, M, N, stride_ym, CONSUMER: gl.constexpr,
+                     CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr):
+        """y[m0.., n0..] (BLOCK_M tokens x 64 weight rows) = the sum of the partials of programs first..last in program
+        order (deterministic), 64 tokens at a time (few registers), two partials in flight per step. tile_unit: the
+        tile's first unit (a program that began before it wrote its partial to slot 1)."""
+        TILE: gl.constexpr = 64 * BLOCK_M
+        sum_layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])  # a row's 64 tokens per 16 lanes
+        out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1])  # y is contiguous along n
+        rows = gl.arange(0, 64, layout=gl.SliceLayout(1, sum_layout))
+        cols = gl.arange(0, 64, layout=gl.SliceLayout(0, sum_layout))
+        offs_n = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
+        for c in gl.static_range(BLOCK_M // 64):
+            local = rows[:, None] * BLOCK_M + (c * 64 + cols)[None, :]
+            reduced = gl.zeros([64, 64], gl.float32, layout=sum_layout)
+            for q in range(first, last + 1, 2):  # (the second partial of a step may be past `last`: masked)
+                q_slot = (((q * total) // programs) < tile_unit).to(gl.int32)
+                q1_slot = ((((q + 1) * total) // programs) < tile_unit).to(gl.int32)
+                first_part = gl.load(part_ptr + ((q * 2 + q_slot) * CONSUMERS + CONSUMER) * TILE + local, cache_modifier=".cg")
+                second_part = gl.load(part_ptr + (((q + 1) * 2 + q1_slot) * CONSUMERS + CONSUMER) * TILE + local,
+                                      mask=gl.full(local.shape, q + 1, gl.int32, sum_layout) <= last, other=0.0,
+                                      cache_modifier=".cg")
+                reduced += first_part + second_part
+            offs_m = m0 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(0, out_layout))
+            gl.store(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], gl.convert_layout(reduced.to(y_ptr.dtype.element_ty), out_layout),
+                     mask=(offs_m[None, :] < M) & (offs_n[:, None] < N))
+
+    @gluon.jit
     def _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
                  stride_ym, unit, start, end, total, tiles_m, CONSUMER: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                  SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr):
@@ -254,29 +281,23 @@ if HAVE_GLUON:
         elif (block_start == 0) & (block_end == num_kb):
             gl.store(y_ptrs, gl.convert_layout(acc.to(dtype), out_layout), mask=mask)
         else:
-            # part [P, 2, CONSUMERS, 64, BLOCK_M] fp32 (n fastest, like the stores): slot 0 for the segment a program
-            # starts with, 1 for the one it ends with; a counter per (tile, consumer)
+            # part [P, 2, CONSUMERS, 64, BLOCK_M] fp32 (tokens fastest), written from the accumulator's own layout (a
+            # re-layout would hold a second copy: 128 more registers at BLOCK_M = 256): slot 0 for the segment a
+            # program starts with, 1 for the one it ends with; a counter per (tile, consumer)
             TILE: gl.constexpr = 64 * BLOCK_M
-            local = (offs_n - row_tile * 64)[:, None] + (offs_m - (tile % tiles_m) * BLOCK_M)[None, :] * 64
+            acc_rows = gl.arange(0, 64, layout=gl.SliceLayout(1, mma_layout))
+            acc_cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma_layout))
             programs = gl.num_programs(0)
             slot = (unit != start).to(gl.int32)
-            gl.store(part_ptr + ((gl.program_id(0) * 2 + slot) * CONSUMERS + CONSUMER) * TILE + local,
-                     gl.convert_layout(acc, out_layout))
+            gl.store(part_ptr + ((gl.program_id(0) * 2 + slot) * CONSUMERS + CONSUMER) * TILE + acc_rows[:, None] * BLOCK_M
+                     + acc_cols[None, :], acc)
             _cta_barrier()  # every thread's partial is written before the counter says so
             counter = lock_ptr + tile * CONSUMERS + CONSUMER
             first = ((tile * num_kb + 1) * programs - 1) // total  # the program that owns the tile's first unit
             last = ((tile + 1) * num_kb * programs - 1) // total  # ... and its last unit
             if gl.atomic_add(counter, 1, sem="acq_rel") == last - first:
-                reduced = gl.zeros([64, BLOCK_M], gl.float32, layout=out_layout)
-                for q in range(first, last + 1, 2):  # two partials in flight per step (the second may be past `last`)
-                    q_slot = (((q * total) // programs) < tile * num_kb).to(gl.int32)  # q began before this tile
-                    q1_slot = ((((q + 1) * total) // programs) < tile * num_kb).to(gl.int32)
-                    first_part = gl.load(part_ptr + ((q * 2 + q_slot) * CONSUMERS + CONSUMER) * TILE + local, cache_modifier=".cg")
-                    second_part = gl.load(part_ptr + (((q + 1) * 2 + q1_slot) * CONSUMERS + CONSUMER) * TILE + local,
-                                          mask=gl.full(local.shape, q + 1, gl.int32, out_layout) <= last, other=0.0,
-                                          cache_modifier=".cg")
-                    reduced += first_part + second_part
-                gl.store(y_ptrs, reduced.to(dtype), mask=mask)
+                _reduce_tile(part_ptr, y_ptr, first, last, programs, total, tile * num_kb, (tile % tiles_m) * BLOCK_M,
+                             row_tile * 64, M, N, stride_ym, CONSUMER, CONSUMERS, BLOCK_M)
                 gl.atomic_xchg(counter, 0)
         return unit + block_end - block_start
 
