@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_gemm import assert_path_matches_reference, random_layer
+from test_gemm import TOL, assert_path_matches_reference, random_layer
 
 TABLE = Path(__file__).resolve().parent.parent / "torch-ext" / "w4a16" / "tuned_nvidia_h200.json"
 
@@ -112,3 +112,18 @@ def test_pingpong_stream_k_many_contributors(w4a16, programs, consumers):
     weight, ref = random_layer(w4a16, 3072, 200, 128, False, torch.float16, "cuda", seed=31)
     config = {"BLOCK_M": 64, "num_stages": 4, "PROGRAMS": programs, **({"CONSUMERS": 1, "maxnreg": 128} if consumers == 1 else {})}
     assert_path_matches_reference(w4a16, weight, ref, ("pingpong", config), torch.float16, "cuda", (1, 64, 130), seed=32)
+
+
+@pytest.mark.skipif(not _on_hopper() or not torch.cuda.is_available(), reason="the Gluon kernel needs an sm_90 GPU")
+def test_pingpong_large_work_list(w4a16):
+    """Programs x units past 2**31 (5888 whole tiles of 64 K blocks: the work-list bounds need int64): the first and
+    last rows (the last programs' tiles) against the float64 reference."""
+    k, n, m = 8192, 11776, 4096
+    weight, ref = random_layer(w4a16, k, n, 128, False, torch.float16, "cuda", seed=41)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(42)).to(device="cuda", dtype=torch.float16)
+    y = w4a16.matmul.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, None, k, 128, path="pingpong",
+                                  config={"BLOCK_M": 64, "num_stages": 4, "SPLIT_K": 1})
+    rows = torch.cat([torch.arange(8), torch.arange(m - 8, m)])
+    expected = x[rows].double().cpu() @ ref
+    err = float((y[rows].double().cpu() - expected).norm() / expected.norm())
+    assert err < TOL[torch.float16], f"relative error {err:.2e}"

@@ -31,7 +31,7 @@ tile's K range SPLIT_K ways, and P = PROGRAMS (a persistent grid, about the SM c
 whatever the tile count (Stream-K: no half-empty last wave). A tile a program covers whole is stored directly; a
 shared one is reduced deterministically: each contributor writes its fp32 partial to its own workspace slot, bumps
 the (tile, consumer) counter, and the last to arrive sums the partials in program order, writes y and resets the
-counter. Assumes P <= T (every program has work) and P * T < 2**31 (checked by the launcher).
+counter. Assumes P <= T (every program has work) and T < 2**31 (checked by the launcher; P * T may pass it).
 
 Needs Gluon (Triton >= 3.5) and an sm_90 GPU (`available`); the dispatcher falls back to the entry's `FALLBACK`
 plan elsewhere. Triton's CPU interpreter does not run
@@ -180,7 +180,10 @@ if HAVE_GLUON:
         total = tiles_m * ((N + 64 * CONSUMERS - 1) // (64 * CONSUMERS)) * num_kb
         pid = gl.program_id(0)
         programs = gl.num_programs(0)
-        return (pid * total) // programs, ((pid + 1) * total) // programs, total, tiles_m
+        # (unit bounds in int64: P * T passes 2**31 on the largest layers; the units themselves fit int32)
+        start = (pid.to(gl.int64) * total) // programs
+        end = ((pid + 1).to(gl.int64) * total) // programs
+        return start.to(gl.int32), end.to(gl.int32), total, tiles_m
 
     @gluon.jit
     def _accumulate(word_ptrs, s_ptr, z_ptr, x_smem, x_ready, empty, n, n_ok, N, block_start, block_end, ring_start,
@@ -235,8 +238,8 @@ if HAVE_GLUON:
             local = rows[:, None] * BLOCK_M + (c * 64 + cols)[None, :]
             reduced = gl.zeros([64, 64], gl.float32, layout=sum_layout)
             for q in range(first, last + 1, 2):  # (the second partial of a step may be past `last`: masked)
-                q_slot = (((q * total) // programs) < tile_unit).to(gl.int32)
-                q1_slot = ((((q + 1) * total) // programs) < tile_unit).to(gl.int32)
+                q_slot = (((q.to(gl.int64) * total) // programs) < tile_unit).to(gl.int32)
+                q1_slot = ((((q + 1).to(gl.int64) * total) // programs) < tile_unit).to(gl.int32)
                 first_part = gl.load(part_ptr + ((q * 2 + q_slot) * CONSUMERS + CONSUMER) * TILE + local, cache_modifier=".cg")
                 second_part = gl.load(part_ptr + (((q + 1) * 2 + q1_slot) * CONSUMERS + CONSUMER) * TILE + local,
                                       mask=gl.full(local.shape, q + 1, gl.int32, sum_layout) <= last, other=0.0,
@@ -293,8 +296,8 @@ if HAVE_GLUON:
                      + acc_cols[None, :], acc)
             _cta_barrier()  # every thread's partial is written before the counter says so
             counter = lock_ptr + tile * CONSUMERS + CONSUMER
-            first = ((tile * num_kb + 1) * programs - 1) // total  # the program that owns the tile's first unit
-            last = ((tile + 1) * num_kb * programs - 1) // total  # ... and its last unit
+            first = (((tile * num_kb + 1).to(gl.int64) * programs - 1) // total).to(gl.int32)  # owns the tile's first unit
+            last = ((((tile + 1) * num_kb).to(gl.int64) * programs - 1) // total).to(gl.int32)  # ... and its last unit
             if gl.atomic_add(counter, 1, sem="acq_rel") == last - first:
                 _reduce_tile(part_ptr, y_ptr, first, last, programs, total, tile * num_kb, (tile % tiles_m) * BLOCK_M,
                              row_tile * 64, M, N, stride_ym, CONSUMER, CONSUMERS, BLOCK_M)
@@ -416,11 +419,13 @@ def launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: in
     tiles = -(-m // run.block_m) * -(-n // (64 * run.consumers))
     # every program gets >= 1 unit (a tile's contributors are then consecutive programs: the reduction counts on it)
     programs = min(run.programs, tiles * k_blocks) if run.programs else tiles * max(1, min(run.split_k, k_blocks))
-    if programs * tiles * k_blocks >= 2**31:
-        raise ValueError(f"pingpong work list too long for int32 arithmetic: {programs} programs, M={m}, N={n}, K={k}")
+    if tiles * k_blocks >= 2**31:
+        raise ValueError(f"pingpong work list too long for int32 unit indices: M={m}, N={n}, K={k}")
     # (with programs == tiles every program stores its own whole tile: no partials, no counters, but the kernel still
     # takes an fp32 and an int32 pointer)
     shared = programs != tiles
+    if shared and programs * 2 * 128 * run.block_m >= 2**31:
+        raise ValueError(f"pingpong partial workspace too large for int32 offsets: {programs} programs of BLOCK_M={run.block_m}")
     part, lock = split_k_scratch(x2.device, current_stream(x2.device), tiles * run.consumers if shared else 0,
                                  programs * 2 * 128 * run.block_m if shared else 0)
     _pingpong_kernel[(programs,)](_x_descriptor(x2, run.block_m), qweight, scales, scales if zeros is None else zeros, y, part, lock,
