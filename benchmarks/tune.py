@@ -102,23 +102,19 @@ def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536):
                     yield ("splitk" if split > 1 else "tiled"), _with_option(cfg(bn, bm, w, st, split, operand), "DOT_PARTS", parts,
                                                                              default=1)
     if m >= 64:
-        # pingpong (sm_90, Gluon: gemm_pingpong.py): 128 weight rows per program, x's ring STAGES deep in shared memory
-        # (BLOCK_M x 128 x 2 bytes per stage, <= ~200 KB)
-        for bm, stages in ((64, 4), (64, 6), (128, 3), (128, 4), (256, 2), (256, 3)):
-            if bm > 2 * m:
-                continue
-            for split in split_counts(-(-n // 128) * -(-m // bm), k, sm_count, most=4):
-                yield "pingpong", {"BLOCK_M": bm, "num_stages": stages, "SPLIT_K": split}
-            # Stream-K: one persistent program per SM shares the (tile, K block) units evenly (no half-empty wave)
-            yield "pingpong", {"BLOCK_M": bm, "num_stages": stages, "PROGRAMS": sm_count}
-        # one consumer (64 weight rows) per program, two programs per SM: registers capped at 128 per thread at launch
-        # (the consumer takes 232 of its program's share back), the x ring <= ~110 KB
-        for bm, stages in ((64, 4), (128, 2)):
-            if bm > 2 * m:
-                continue
-            for split in split_counts(-(-n // 64) * -(-m // bm), k, 2 * sm_count, most=4):
-                yield "pingpong", {"BLOCK_M": bm, "num_stages": stages, "SPLIT_K": split, "CONSUMERS": 1, "maxnreg": 128}
-            yield "pingpong", {"BLOCK_M": bm, "num_stages": stages, "PROGRAMS": 2 * sm_count, "CONSUMERS": 1, "maxnreg": 128}
+        # pingpong (sm_90, Gluon: gemm_pingpong.py), x's ring STAGES deep in shared memory (BLOCK_M x 128 x 2 bytes per
+        # stage). Two consumers (128 weight rows) per program, one program per SM, ring <= ~200 KB; or one consumer (64
+        # rows) per program, two programs per SM: registers capped at 128 per thread at launch (the consumer takes 232 of
+        # its program's share back), ring <= ~110 KB. Each with split-K and with Stream-K (one persistent program per
+        # program slot sharing the (tile, K block) units evenly: no half-empty last wave).
+        for rows, per_sm, forms, extra in ((128, 1, ((64, 4), (64, 6), (128, 3), (128, 4), (256, 2), (256, 3)), {}),
+                                           (64, 2, ((64, 4), (128, 2)), {"CONSUMERS": 1, "maxnreg": 128})):
+            for bm, stages in forms:
+                if bm > 2 * m:
+                    continue
+                for split in split_counts(-(-n // rows) * -(-m // bm), k, per_sm * sm_count, most=4):
+                    yield "pingpong", {"BLOCK_M": bm, "num_stages": stages, "SPLIT_K": split, **extra}
+                yield "pingpong", {"BLOCK_M": bm, "num_stages": stages, "PROGRAMS": per_sm * sm_count, **extra}
     if m >= 64:  # the dense path (dequantize + cuBLAS): the H200 table picks it at M = 512 on four shapes, M >= 1024 on all
         yield "dense", {}
 
@@ -198,13 +194,13 @@ def _with_option(config: dict, key: str, value, default) -> dict:
     return {**{k: v for k, v in config.items() if k != key}, **({} if value == default else {key: value})}
 
 
-def fallback_plan(kernel, best_other, n: int, k: int, m: int, fmt: dict) -> dict:
-    """A pingpong entry's FALLBACK: the best other plan timed now, else the one the table's entry carries."""
+def fallback_plan(kernel, best_other, n: int, k: int, m: int, fmt_key: tuple) -> dict:
+    """A pingpong entry's FALLBACK: the best other plan timed now, else the one the table's entry (for format
+    `fmt_key`, `dispatch.format_key`) carries."""
     if best_other is not None:
         return {"path": best_other[1], **best_other[2], "us": round(best_other[0], 2)}
     tuned = kernel.dispatch.load_tuned_table(torch.cuda.get_device_name(0))
-    row = kernel.dispatch.tuned_row(tuned[1], tuned[2], m, n, k, (fmt.get("dtype", "float16"), fmt.get("group_size", 128),
-                                                                  fmt.get("symmetric", False), fmt.get("act_order", False))) if tuned else None
+    row = kernel.dispatch.tuned_row(tuned[1], tuned[2], m, n, k, fmt_key) if tuned else None
     if not row or "FALLBACK" not in row:
         raise ValueError(f"no plan other than pingpong for N={n} K={k} M={m}: time one (e.g. --paths pingpong,tiled)")
     return row["FALLBACK"]
@@ -295,7 +291,8 @@ def main() -> None:
                 continue
             us, path, config = best
             if path == "pingpong":  # where the Gluon kernel cannot run, the best other plan (dispatch.runnable_row)
-                config = {**config, "FALLBACK": fallback_plan(kernel, best_other, n, k, m, fmt)}
+                fmt_key = kernel.dispatch.format_key(dtype, g, symmetric, act_order)
+                config = {**config, "FALLBACK": fallback_plan(kernel, best_other, n, k, m, fmt_key)}
             # tuned_at: the tree the entry was measured on, so an entry older than a kernel change shows
             entries.append({"N": n, "K": k, "M": m, **fmt, "path": path, **config, "us": round(us, 2), "tuned_at": info["commit"]})
             print(f"{shape['name']:12s} {args.variant:5s} M={m:5d} best {path:7s} {config} {us:8.2f} us", flush=True)

@@ -91,6 +91,17 @@ if HAVE_GLUON:
                                           lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
                                           warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16])
 
+    @gluon.constexpr_function
+    def _y_layout():
+        # y [M, N] is contiguous along n, the accumulator's rows: 8 n in a row per thread for the stores
+        return gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1])
+
+    @gluon.jit
+    def _partial_offset(program, slot, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr):
+        """Where a partial starts in the workspace part [P, 2, CONSUMERS, 64, BLOCK_M] fp32 (tokens fastest): slot 0
+        holds the segment a program starts with, slot 1 the one it ends with."""
+        return ((program * 2 + slot) * CONSUMERS + CONSUMER) * (64 * BLOCK_M)
+
     @gluon.jit
     def _dequant_pairs(words, s2, r2, e2, q: gl.constexpr, MAGIC: gl.constexpr, PAIR: gl.constexpr):
         # nibbles q and q + 4 of each word -> C + q as a 16-bit float pair (shr + lop3), then (c - R) * s + e on the
@@ -228,9 +239,8 @@ if HAVE_GLUON:
         """y[m0.., n0..] (BLOCK_M tokens x 64 weight rows) = the sum of the partials of programs first..last in program
         order (deterministic), 64 tokens at a time (few registers), two partials in flight per step. tile_unit: the
         tile's first unit (a program that began before it wrote its partial to slot 1)."""
-        TILE: gl.constexpr = 64 * BLOCK_M
         sum_layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])  # a row's 64 tokens per 16 lanes
-        out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1])  # y is contiguous along n
+        out_layout: gl.constexpr = _y_layout()
         rows = gl.arange(0, 64, layout=gl.SliceLayout(1, sum_layout))
         cols = gl.arange(0, 64, layout=gl.SliceLayout(0, sum_layout))
         offs_n = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
@@ -240,8 +250,8 @@ if HAVE_GLUON:
             for q in range(first, last + 1, 2):  # (the second partial of a step may be past `last`: masked)
                 q_slot = (((q.to(gl.int64) * total) // programs) < tile_unit).to(gl.int32)
                 q1_slot = ((((q + 1).to(gl.int64) * total) // programs) < tile_unit).to(gl.int32)
-                first_part = gl.load(part_ptr + ((q * 2 + q_slot) * CONSUMERS + CONSUMER) * TILE + local, cache_modifier=".cg")
-                second_part = gl.load(part_ptr + (((q + 1) * 2 + q1_slot) * CONSUMERS + CONSUMER) * TILE + local,
+                first_part = gl.load(part_ptr + _partial_offset(q, q_slot, CONSUMER, CONSUMERS, BLOCK_M) + local, cache_modifier=".cg")
+                second_part = gl.load(part_ptr + _partial_offset(q + 1, q1_slot, CONSUMER, CONSUMERS, BLOCK_M) + local,
                                       mask=gl.full(local.shape, q + 1, gl.int32, sum_layout) <= last, other=0.0,
                                       cache_modifier=".cg")
                 reduced += first_part + second_part
@@ -261,8 +271,7 @@ if HAVE_GLUON:
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
         w_layout: gl.constexpr = _operand_words_layout()
-        # y [M, N] is contiguous along n, the accumulator's rows: re-lay it out so each thread stores 8 n in a row
-        out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1])
+        out_layout: gl.constexpr = _y_layout()
         tile = unit // num_kb
         block_start = unit - tile * num_kb
         block_end = gl.minimum(num_kb, block_start + (end - unit))
@@ -284,15 +293,13 @@ if HAVE_GLUON:
         elif (block_start == 0) & (block_end == num_kb):
             gl.store(y_ptrs, gl.convert_layout(acc.to(dtype), out_layout), mask=mask)
         else:
-            # part [P, 2, CONSUMERS, 64, BLOCK_M] fp32 (tokens fastest), written from the accumulator's own layout (a
-            # re-layout would hold a second copy: 128 more registers at BLOCK_M = 256): slot 0 for the segment a
-            # program starts with, 1 for the one it ends with; a counter per (tile, consumer)
-            TILE: gl.constexpr = 64 * BLOCK_M
+            # the partial, written from the accumulator's own layout (a re-layout would hold a second copy: 128 more
+            # registers at BLOCK_M = 256); a counter per (tile, consumer)
             acc_rows = gl.arange(0, 64, layout=gl.SliceLayout(1, mma_layout))
             acc_cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma_layout))
             programs = gl.num_programs(0)
             slot = (unit != start).to(gl.int32)
-            gl.store(part_ptr + ((gl.program_id(0) * 2 + slot) * CONSUMERS + CONSUMER) * TILE + acc_rows[:, None] * BLOCK_M
+            gl.store(part_ptr + _partial_offset(gl.program_id(0), slot, CONSUMER, CONSUMERS, BLOCK_M) + acc_rows[:, None] * BLOCK_M
                      + acc_cols[None, :], acc)
             _cta_barrier()  # every thread's partial is written before the counter says so
             counter = lock_ptr + tile * CONSUMERS + CONSUMER
@@ -424,10 +431,10 @@ def launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: in
     # (with programs == tiles every program stores its own whole tile: no partials, no counters, but the kernel still
     # takes an fp32 and an int32 pointer)
     shared = programs != tiles
-    if shared and programs * 2 * 128 * run.block_m >= 2**31:
+    partials = programs * 2 * 64 * run.consumers * run.block_m if shared else 0  # part [P, 2, CONSUMERS, 64, BLOCK_M]
+    if partials >= 2**31:
         raise ValueError(f"pingpong partial workspace too large for int32 offsets: {programs} programs of BLOCK_M={run.block_m}")
-    part, lock = split_k_scratch(x2.device, current_stream(x2.device), tiles * run.consumers if shared else 0,
-                                 programs * 2 * 128 * run.block_m if shared else 0)
+    part, lock = split_k_scratch(x2.device, current_stream(x2.device), tiles * run.consumers if shared else 0, partials)
     _pingpong_kernel[(programs,)](_x_descriptor(x2, run.block_m), qweight, scales, scales if zeros is None else zeros, y, part, lock,
                                   m, n, k, group_size, y.stride(0), SHARED_TILES=shared, **run.constexprs, **run.options)
     return y
