@@ -57,10 +57,6 @@ def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536):
         for bn, w, st in ((128, 4, 3), (256, 8, 3)):
             for split in splits(-(-n // bn)):
                 yield "gemv", cfg(bn, bm, w, st, split)
-        # PACKED: 16-bit packed math (group >= 64; a smaller group's call raises and is skipped)
-        for bn, w in ((64, 4), (128, 4), (256, 4), (256, 8), (512, 8)):
-            for split in splits(-(-n // bn)):
-                yield "gemv", {**cfg(bn, bm, w, 1, split), "PACKED": True}
     if m <= 64:
         bm = 16 if m <= 16 else (32 if m <= 32 else 64)
         # ONE_TOKEN (M = 1, fold): the fold's x sums from x's single row (sm_90 SASS: loop 358 -> 310

@@ -138,48 +138,6 @@ def test_triton_paths_dot_parts(w4a16, device, path, dtype, k, n, group_size, sy
     assert_path_matches_reference(w4a16, weight, ref, path, dtype, device, (1, 17), seed=12)
 
 
-# The packed GEMV (16-bit packed math, M <= 2, group >= 64): every case of CASES it accepts, fp16 and bf16.
-PACKED_GEMV = ("gemv", {"PACKED": True, "BLOCK_N": 32, "SPLIT_K": 2, "num_warps": 4})
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("k,n,group_size,symmetric", [case for case in CASES if case[2] == -1 or case[2] >= 64])
-def test_packed_gemv(w4a16, device, dtype, k, n, group_size, symmetric):
-    """The packed GEMV at M = 1, 2 (BLOCK_M 1 and 2; M = 3 takes two row tiles of 2) against the float64
-    reference; fractional zeros in the bf16 cases (the zero is folded per word in fp32)."""
-    if not triton_available(device):
-        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
-    weight, ref = random_layer(w4a16, k, n, group_size, symmetric, dtype, device, seed=21,
-                               fractional_zeros=dtype == torch.bfloat16 and not symmetric)
-    for block_m in (1, 2):
-        path = ("gemv", {**PACKED_GEMV[1], "BLOCK_M": block_m})
-        assert_path_matches_reference(w4a16, weight, ref, path, dtype, device, (1, 2, 3)[:block_m + 1], seed=22)
-
-
-def test_packed_gemv_extreme_activations(w4a16, device):
-    """fp16 activations near the top of fp16's range: the 16-bit sums of a word stay finite (codes scaled
-    by 2**-7) and the result matches the reference; a row offset by one element (x not 4-byte aligned)
-    is copied before the pair loads."""
-    if not triton_available(device):
-        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
-    weight, ref = random_layer(w4a16, 256, 40, 128, False, torch.float16, device, seed=23)
-    gen = torch.Generator().manual_seed(24)
-    wide = torch.randn(2, 257, generator=gen) * 200.0
-    wide[:, 1:17] = 10000.0 * torch.tensor([1.0, -1.0]).repeat(8)  # one product 10000 * 15 > 65504 unscaled
-    x = wide.to(device=device, dtype=torch.float16)[:, 1:]  # odd element offset, odd row stride
-    assert (x.to(torch.float64) @ ref).abs().max() < 30000  # the output itself in fp16's range
-    for m in (1, 2):
-        err = run_and_check(w4a16, weight, ref, x[:m], ("gemv", {**PACKED_GEMV[1], "BLOCK_M": 2}))
-        assert err < TOL[torch.float16], f"M={m}: relative error {err:.2e}"
-
-
-def test_packed_gemv_refuses_small_groups(w4a16, device):
-    weight, _ = random_layer(w4a16, 256, 24, 32, False, torch.float16, device, seed=25)
-    x = torch.randn(1, 256).to(device=device, dtype=torch.float16)
-    with pytest.raises(ValueError, match="PACKED needs group_size >= 64"):
-        run_and_check(w4a16, weight, weight.scales, x, PACKED_GEMV)
-
-
 # Tile configurations of the shipped H200 table (large tiles, 8 warps, split-K 3 / 4, Stream-K), forced on a small
 # layer whose N is off every tile size and whose 4 K blocks leave a split empty (split 3: blocks 2 + 2 + 0).
 SHIPPED_TILES = [

@@ -20,19 +20,13 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["MAGIC_PAIR", "MAGIC_VALUE", "PACKED_MAGIC_PAIR", "PACKED_CODE_SCALE", "uint_as_float", "magic_pairs", "dequantize_pairs", "pack_pair",
-           "pairs_to_slice", "concat_k", "concat_slices", "unpack_slices", "operand_part", "row_of", "word_dot_packed"]
+__all__ = ["MAGIC_PAIR", "MAGIC_VALUE", "uint_as_float", "magic_pairs", "dequantize_pairs", "pack_pair", "pairs_to_slice",
+           "concat_k", "concat_slices", "unpack_slices", "operand_part", "row_of"]
 
 # fp16 1024.0 / bf16 128.0 in both 16-bit halves of a word: OR-ed with two nibbles at bits 0 and 16
 # it gives the two 16-bit floats C + q (the magic-number conversion).
 MAGIC_PAIR = {torch.float16: 0x64006400, torch.bfloat16: 0x43004300}
 MAGIC_VALUE = {torch.float16: 1024.0, torch.bfloat16: 128.0}
-# `word_dot_packed`'s magic pairs: fp16 8.0 (0x4800) has a mantissa unit of 2**-7, so a nibble OR-ed
-# into it gives 8 + q / 128 and the codes come out scaled by PACKED_CODE_SCALE. Eight products of
-# codes <= 15 / 128 with any fp16 x then sum to at most 8 * 15 * 65504 / 128 < 65504: the 16-bit
-# accumulation of one word cannot overflow (bf16's range needs no scaling: 128 + q, codes q).
-PACKED_MAGIC_PAIR = {torch.float16: 0x48004800, torch.bfloat16: 0x43004300}
-PACKED_CODE_SCALE = {torch.float16: 2.0**-7, torch.bfloat16: 1.0}
 
 
 @triton.jit
@@ -192,45 +186,3 @@ def operand_part(words, params, FIRST: tl.constexpr, COUNT: tl.constexpr, DEQUAN
 def row_of(c, r: tl.constexpr):
     """Row within a 128-row block of word column c (tensor), nibble r (see layout.py)."""
     return 16 * (4 * (c % 2) + (r % 4)) + 2 * (c // 2) + r // 4
-
-
-@triton.jit
-def word_dot_packed(words, x_pairs, MAGIC_PAIR: tl.constexpr, CODE_SCALE: tl.constexpr, XT_DTYPE: tl.constexpr,
-                    USE_ASM: tl.constexpr):
-    """sum over the 8 codes of each word of (code * CODE_SCALE) * x, as fp32 (the packed GEMV's inner product).
-
-    x_pairs[q] (uint32, broadcast against words) holds the activations of the row pair of nibble pair q
-    (rows 2p and 2p + 1 of slice 4h + q, see `row_of`) as two 16-bit floats, low half first: exactly the
-    halves `magic_pairs(words, q, MAGIC_PAIR)` puts the two codes in. With USE_ASM, per q: the magic
-    and-or (`PACKED_MAGIC_PAIR`: the pair C + code * CODE_SCALE), one packed subtract of C (exact), one
-    packed fma into a 16-bit pair accumulator; the halves are converted and added once per word (~2.3
-    instructions per weight). The products and the 8-term sums round to x's 16-bit type and cannot
-    overflow (PACKED_MAGIC_PAIR); the twin (interpreter, AMD) computes the same sum in fp32.
-    """
-    if USE_ASM:
-        T: tl.constexpr = "f16x2" if XT_DTYPE == tl.float16 else "bf16x2"
-        S: tl.constexpr = "f16" if XT_DTYPE == tl.float16 else "bf16"
-        # q = 0, then q = 1, 2, 3 (shift by 4q first); $2 .. $5 are the pairs of q = 0 .. 3
-        asm: tl.constexpr = (
-            f"{{ .reg .b32 c, m, a; .reg .b16 lo, hi; .reg .f32 fl, fh; mov.b32 m, {MAGIC_PAIR}; "
-            f"lop3.b32 c, $1, 0x000F000F, m, 0xEA; sub.{T} c, c, m; mul.rn.{T} a, c, $2; "
-            f"shr.b32 c, $1, 4; lop3.b32 c, c, 0x000F000F, m, 0xEA; sub.{T} c, c, m; fma.rn.{T} a, c, $3, a; "
-            f"shr.b32 c, $1, 8; lop3.b32 c, c, 0x000F000F, m, 0xEA; sub.{T} c, c, m; fma.rn.{T} a, c, $4, a; "
-            f"shr.b32 c, $1, 12; lop3.b32 c, c, 0x000F000F, m, 0xEA; sub.{T} c, c, m; fma.rn.{T} a, c, $5, a; "
-            f"mov.b32 {{lo, hi}}, a; cvt.f32.{S} fl, lo; cvt.f32.{S} fh, hi; add.f32 $0, fl, fh; }}")
-        total = tl.inline_asm_elementwise(asm, "=r,r,r,r,r,r", [words, x_pairs[0], x_pairs[1], x_pairs[2], x_pairs[3]],
-                                          dtype=tl.uint32, is_pure=True, pack=1)
-        return total.to(tl.float32, bitcast=True)
-    else:
-        total = 0.0
-        for q in tl.static_range(4):
-            low = ((words >> (4 * q)) & 0xF).to(tl.float32) * CODE_SCALE
-            high = ((words >> (4 * q + 16)) & 0xF).to(tl.float32) * CODE_SCALE
-            total = total + low * half_as_float(x_pairs[q] & 0xFFFF, XT_DTYPE) + high * half_as_float(x_pairs[q] >> 16, XT_DTYPE)
-        return total
-
-
-@triton.jit
-def half_as_float(bits, XT_DTYPE: tl.constexpr):
-    """The 16-bit float whose bits are the low half of uint32 `bits`, as fp32."""
-    return bits.to(tl.uint16).to(XT_DTYPE, bitcast=True).to(tl.float32)

@@ -48,8 +48,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .dequant import (MAGIC_PAIR, MAGIC_VALUE, PACKED_CODE_SCALE, PACKED_MAGIC_PAIR, concat_slices, half_as_float, operand_part, pack_pair, row_of,
-                      uint_as_float, unpack_slices, word_dot_packed)
+from .dequant import MAGIC_PAIR, MAGIC_VALUE, concat_slices, operand_part, pack_pair, row_of, uint_as_float, unpack_slices
 from .dispatch import Plan
 from .launch import BoundLaunch, PreparedLaunch, current_stream, split_k_scratch, workspace_entry
 from .layout import K_BLOCK, N_TILE
@@ -542,104 +541,6 @@ def _w4a16_gemv_kernel(
     _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
 
 
-@triton.jit
-def _load_x_pairs(x_pairs_ptrs, block, block_end, K, offs_w, x_mask, CODE_SCALE: tl.constexpr, XT_DTYPE: tl.constexpr,
-                  EVEN_K: tl.constexpr):
-    """The activation pairs of `block` for `word_dot_packed` ([1, 16, BLOCK_M] uint32 each, nibble pair q = 0..3)
-    and CODE_SCALE times the fp32 sum of each word column's 8 activations (the fold's zero term)."""
-    pairs = ()
-    x_sum = tl.zeros((1, 16, 1), dtype=tl.float32)
-    for q in tl.static_range(4):
-        rows = block * 128 + row_of(offs_w, q)  # the pair's first row (even)
-        mask = x_mask & ((rows[None, :, None] * 0 + block) < block_end)
-        if not EVEN_K:
-            mask = mask & (rows[None, :, None] < K)
-        bits = tl.load(x_pairs_ptrs + (rows // 2)[None, :, None], mask=mask, other=0)
-        x_sum = x_sum + half_as_float(bits & 0xFFFF, XT_DTYPE) + half_as_float(bits >> 16, XT_DTYPE)
-        pairs = pairs + (bits,)
-    return pairs, x_sum * CODE_SCALE
-
-
-@triton.jit
-def _load_in_use_layout(ptrs, mask, USE_ASM: tl.constexpr):
-    """tl.load(ptrs, mask, other=0) as fp32, for 8-, 16- or 32-bit elements (uint8, fp16, bf16, fp32).
-
-    With USE_ASM it is a PTX load (inline assembly), which Triton's coalescing pass leaves alone: the
-    values land in the layout of their use instead of a coalesced one that a block-wide shared-memory
-    round trip then converts (for the GEMV's scales and zeros, four barriers per 128-row block).
-    """
-    ty: tl.constexpr = ptrs.dtype.element_ty
-    if USE_ASM:
-        LD: tl.constexpr = "u8" if ty.primitive_bitwidth == 8 else ("u16" if ty.primitive_bitwidth == 16 else "b32")
-        bits = tl.inline_asm_elementwise(
-            f"{{ .reg .pred p; setp.ne.u32 p, $2, 0; mov.u32 $0, 0; @p ld.global.nc.{LD} $0, [$1]; }}", "=r,l,r",
-            [ptrs, mask.to(tl.int32)], dtype=tl.uint32, is_pure=True, pack=1)
-        if ty == tl.uint8:
-            return bits.to(tl.float32)
-        elif ty.primitive_bitwidth == 16:
-            return bits.to(tl.uint16).to(ty, bitcast=True).to(tl.float32)
-        else:
-            return bits.to(tl.float32, bitcast=True)
-    else:
-        return tl.load(ptrs, mask=mask, other=0).to(tl.float32)
-
-
-@triton.jit
-def _w4a16_gemv_packed_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr,
-    M, N, K, stride_xm, stride_ym, SPLIT_K,
-    GROUP_SIZE: tl.constexpr, SYMMETRIC: tl.constexpr, MAGIC_PAIR: tl.constexpr, CODE_SCALE: tl.constexpr, XT_DTYPE: tl.constexpr, USE_ASM: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, IS_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, FOLD_SUBS: tl.constexpr,
-):
-    """y[M, N] = x[M, K] @ W[K, N] on CUDA cores with packed 16-bit math, for M <= BLOCK_M in {1, 2}.
-
-    Same layout, grid and split-K contract as `_w4a16_gemv_kernel`; needs x's rows 4-byte aligned
-    (x_ptr and stride_xm even: the launcher ensures it) because x is read as 32-bit row pairs, and a
-    group size >= 64 (each word's 8 rows lie in one group: FOLD_SUBS 4 or 8). Per word and token,
-    `word_dot_packed` sums its 8 code * x products (16-bit packed fma, codes scaled by CODE_SCALE); the zero
-    and the scale apply per word on the fp32 sum: acc += s * (sum c x - z * sum x); y = acc / CODE_SCALE.
-    """
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    n_mask = offs_n < N
-    m_mask = offs_m < M
-    offs_w = tl.arange(0, 16)
-
-    w_ptrs = _weight_words_ptrs(qw_ptr, offs_n, K)[:, :, None]
-    x_pairs_ptrs = x_ptr.to(tl.pointer_type(tl.uint32)) + offs_m[None, None, :].to(tl.int64) * (stride_xm // 2)
-    w_mask = n_mask[:, None, None]
-    x_mask = m_mask[None, None, :]
-    num_groups = K // GROUP_SIZE
-
-    acc3 = tl.zeros((BLOCK_N, 16, BLOCK_M), dtype=tl.float32)
-    block_start, block_end = _split_range(tl.cdiv(K, 128), SPLIT_K)
-    # plain loads: fetch the next block's words and x while this block computes
-    words = tl.load(w_ptrs + block_start * _TILE_WORDS, mask=w_mask & ((offs_n[:, None, None] * 0 + block_start) < block_end), other=0,
-                    eviction_policy="evict_first").to(tl.uint32, bitcast=True)
-    x_pairs, x_sum = _load_x_pairs(x_pairs_ptrs, block_start, block_end, K, offs_w, x_mask, CODE_SCALE, XT_DTYPE, EVEN_K)
-    for block in range(block_start, block_end):
-        cur_words, cur_pairs, cur_sum = words, x_pairs, x_sum
-        words = tl.load(w_ptrs + (block + 1) * _TILE_WORDS, mask=w_mask & ((offs_n[:, None, None] * 0 + block + 1) < block_end), other=0,
-                        eviction_policy="evict_first").to(tl.uint32, bitcast=True)
-        x_pairs, x_sum = _load_x_pairs(x_pairs_ptrs, block + 1, block_end, K, offs_w, x_mask, CODE_SCALE, XT_DTYPE, EVEN_K)
-        # s and z loaded straight into the layout of their use (`_load_in_use_layout`)
-        if FOLD_SUBS == 8:  # one group per block
-            groups = (block * 128) // GROUP_SIZE
-        else:  # group 64: word column c = 2p + h lies in group 2 * block + h
-            groups = (block * 128 + 64 * (offs_w % 2))[None, :, None] // GROUP_SIZE
-        params_offs = groups * N + offs_n[:, None, None]
-        params_mask = n_mask[:, None, None] & ((offs_n[:, None, None] * 0 + groups) < num_groups)
-        s3 = _load_in_use_layout(s_ptr + params_offs, params_mask, USE_ASM)
-        zz3 = 8.0 if SYMMETRIC else _load_in_use_layout(z_ptr + params_offs, params_mask, USE_ASM)
-        part = word_dot_packed(cur_words, cur_pairs, MAGIC_PAIR, CODE_SCALE, XT_DTYPE, USE_ASM)
-        acc3 += s3 * (part - zz3 * cur_sum)
-
-    acc = tl.sum(acc3, axis=1) * (1.0 / CODE_SCALE)
-    _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
-
-
 # --------------------------------------------------------------------------------------------------
 # Dequantize kernel (dense prefill path)
 # --------------------------------------------------------------------------------------------------
@@ -775,12 +676,6 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
         return _MatmulLaunch(plan.path, block_n, block_m, split_k if plan.path != "streamk" else 1, programs, launch,
                              tuple(fixed.values()))
 
-    if plan.path == "gemv" and cfg.get("PACKED", False):
-        if constexprs["FOLD_SUBS"] < 4:
-            raise ValueError(f"config PACKED needs group_size >= 64 (each word's 8 rows in one group), got {group_size}")
-        packed = dict(constexprs, IS_SPLIT=split_k > 1, MAGIC_PAIR=PACKED_MAGIC_PAIR[dtype], CODE_SCALE=PACKED_CODE_SCALE[dtype],
-                      XT_DTYPE=_TL_DTYPE[dtype], USE_ASM=_use_asm(device_type))
-        return prepared(_w4a16_gemv_packed_kernel, dict(packed, GROUP_SIZE=group_size), dict(SPLIT_K=split_k))
     if plan.path == "gemv":
         return prepared(_w4a16_gemv_kernel, dict(constexprs, IS_SPLIT=split_k > 1), dict(group_size=group_size, SPLIT_K=split_k))
     tensor_core = dict(
@@ -872,8 +767,6 @@ def _launch_arguments(x2, qweight, scales, zeros, in_features, group_size, plan:
     # ONE_TOKEN: x sums from one row at M = 1, a tuned option (off unless the plan's entry sets it)
     one_token = m == 1 and plan.config.get("ONE_TOKEN", False)
     run = _matmul_launch(plan, x2.dtype, device_type, zeros is None, in_features, group_size, one_token)
-    if run.kernel.kernel is _w4a16_gemv_packed_kernel and (x2.data_ptr() % 4 or (m > 1 and x2.stride(0) % 2)):
-        x2 = x2.clone(memory_format=torch.contiguous_format)  # the packed GEMV reads x as 32-bit row pairs
     y = torch.empty((m, n), device=device, dtype=x2.dtype) if out is None else out
     tiles = -(-n // run.block_n) * -(-m // run.block_m)  # ceil-divs (triton.cdiv costs ~3 us from the host)
     if run.path == "streamk":
