@@ -22,15 +22,16 @@ import timing  # noqa: E402
 
 def time_forms(kernel, ms, out) -> None:
     rows = []
-    for k in (4096, 14336, 28672):
+    for k in (4096, 8192, 14336, 28672):
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.float16)
             perm = torch.randperm(k, device="cuda")
-            for form in ("columns", "rows"):
+            forms = ("columns", "rows", "staged") if k <= kernel.gemm._STAGED_MAX_K else ("columns", "rows")
+            for form in forms:
                 gather = lambda f=form: kernel.gemm.gather_columns(x, perm, form=f)  # noqa: E731
                 assert torch.equal(gather(), x.index_select(1, perm))
                 rows.append({"K": k, "M": m, "form": form, "us": timing.gpu_time_us([gather] * 4)})
-            print(k, m, " ".join(f"{r['form']}={r['us']:.2f}" for r in rows[-2:]), flush=True)
+            print(k, m, " ".join(f"{r['form']}={r['us']:.2f}" for r in rows[-len(forms):]), flush=True)
     if out:
         Path(out).write_text(json.dumps({**timing.machine_info(), "rows": rows}, indent=1) + "\n")
 
@@ -40,7 +41,7 @@ def main() -> None:
     ap.add_argument("--m", default="1,16")
     ap.add_argument("--out", default="")
     ap.add_argument("--forms", action="store_true",
-                    help="only time each form of the package's gather (columns / rows) at every --m, whichever M picks")
+                    help="only time each form of the package's gather (columns / rows / staged) at every --m, whichever M picks")
     args = ap.parse_args()
     kernel = timing.load_kernel()
     rows = []

@@ -189,6 +189,24 @@ def test_gather_columns_forced_form(w4a16, device):
         w4a16.gemm.gather_columns(x, perm, form="tiles")
 
 
+@pytest.mark.parametrize("m,k", [(1, 8), (3, 1000), (37, 2056), (70, 4104), (5, 16384)])
+def test_gather_staged_form(w4a16, device, m, k):
+    """The staged form (whole rows permuted in shared memory, programs striding over rows): x[:, perm] exactly
+    for a strided x, K off the power-of-two row blocks, and more rows than programs (at M = 37 and 70 every
+    program takes several rows on the CPU, where the grid is at most 16 programs); K past 16384 is refused."""
+    if not triton_available(device):
+        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
+    gen = torch.Generator().manual_seed(k + m)
+    wide = torch.randn(m, k + 8, generator=gen).to(device=device, dtype=torch.bfloat16)
+    x = wide[:, 8:]
+    perm = torch.randperm(k, generator=gen).to(device)
+    assert torch.equal(w4a16.gemm.gather_columns(x, perm, form="staged"), x.index_select(1, perm))
+    if k == 16384:
+        long = torch.zeros(1, 16392, device=device, dtype=torch.float16)
+        with pytest.raises(ValueError, match="needs K <= 16384"):
+            w4a16.gemm.gather_columns(long, torch.arange(16392, device=device), form="staged")
+
+
 @pytest.mark.parametrize("path", ["splitk:fold", "splitk:operand", "streamk:fold", "tiled:operand"])
 @pytest.mark.parametrize("k,n,group_size", [(256, 24, 64), (320, 40, 32), (384, 20, 128)])
 def test_triton_paths_act_order(w4a16, device, path, k, n, group_size):

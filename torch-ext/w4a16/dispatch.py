@@ -132,6 +132,11 @@ def _device_info(device: torch.device) -> tuple[str, int]:
     return props.name, props.multi_processor_count
 
 
+def sm_count(device: torch.device) -> int:
+    """The device's streaming multiprocessors (1 for a CPU device: Triton's interpreter)."""
+    return _device_info(device)[1] if device.type == "cuda" else 1
+
+
 @functools.lru_cache(maxsize=None)
 def programmatic_launch(device: torch.device) -> bool:
     """Whether a kernel may be launched as a programmatic dependent of the one before it (griddepcontrol):

@@ -49,7 +49,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .dequant import MAGIC_PAIR, MAGIC_VALUE, concat_slices, operand_part, pack_pair, row_of, uint_as_float, unpack_slices
-from .dispatch import Plan
+from .dispatch import Plan, sm_count
 from .launch import BoundLaunch, PreparedLaunch, current_stream, split_k_scratch, workspace_entry
 from .layout import K_BLOCK, N_TILE
 
@@ -607,6 +607,32 @@ def _gather_columns_kernel(x_ptr, perm_ptr, out_ptr, K, stride_xm, cols_per_prog
         tl.store(out_ptr + m * K + offs, tl.load(x_ptr + m * stride_xm + src, mask=mask), mask=mask)
 
 
+@triton.jit
+def _gather_rows_staged_kernel(x_ptr, perm_ptr, out_ptr, M, K, stride_xm, BLOCK_K: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr):
+    """out[m, k] = x[m, perm[k]], same contract as `_gather_columns_kernel` with K <= BLOCK_K (a power of 2).
+    Grid (P,): program p gathers rows p, p + P, p + 2P, ...
+
+    Each row is read whole with coalesced loads, permuted inside the SM (`tl.gather`, through shared memory)
+    and written whole: 2 bytes of x read per element, where the scattered form fetches a 32-byte sector per
+    element from L1 / L2. perm is loaded once per program; the next row's load is issued before this row's
+    permutation (one row in flight while the SM permutes)."""
+    if LAUNCH_DEPENDENTS:
+        gdc_launch_dependents()
+    offs = tl.arange(0, BLOCK_K)
+    mask = offs < K
+    src = tl.load(perm_ptr + offs, mask=mask, other=0).to(tl.int32)
+    step = tl.num_programs(0).to(tl.int64)
+    x_row = x_ptr + tl.program_id(0).to(tl.int64) * stride_xm
+    out_row = out_ptr + tl.program_id(0).to(tl.int64) * K
+    row = tl.load(x_row + offs, mask=mask & ((offs * 0 + tl.program_id(0)) < M), other=0.0)
+    for m in range(tl.program_id(0), M, tl.num_programs(0)):
+        x_row += step * stride_xm
+        following = tl.load(x_row + offs, mask=mask & ((offs * 0 + m + tl.num_programs(0)) < M), other=0.0)
+        tl.store(out_row + offs, tl.gather(row, src, 0), mask=mask)
+        out_row += step * K
+        row = following
+
+
 # --------------------------------------------------------------------------------------------------
 # Launchers
 # --------------------------------------------------------------------------------------------------
@@ -810,21 +836,39 @@ _gather_columns = {(form, dependents): PreparedLaunch(_gather_columns_kernel, {"
                                                       {"num_warps": warps}, ("x_ptr", "perm_ptr", "out_ptr"),
                                                       ("K", "stride_xm", "cols_per_program"))
                    for form, (block, warps) in _GATHER_BLOCKS.items() for dependents in (False, True)}
+# The staged form: rows up to _STAGED_MAX_K columns (the row, its permutation and perm in registers: 16
+# elements per thread at 32 warps), one prepared launch per power-of-two row block, 16 elements per thread.
+_STAGED_MAX_K = 16384
+_gather_staged = {(block, dependents): PreparedLaunch(_gather_rows_staged_kernel, {"BLOCK_K": block, "LAUNCH_DEPENDENTS": dependents},
+                                                      {"num_warps": max(4, block // 512)}, ("x_ptr", "perm_ptr", "out_ptr"),
+                                                      ("M", "K", "stride_xm"))
+                  for block in (512 << i for i in range(6)) for dependents in (False, True)}
+_GATHER_FORMS = ("columns", "rows", "staged")
 
 
 def gather_columns(x2: torch.Tensor, perm: torch.Tensor, launch_dependents: bool = False, form: str | None = None) -> torch.Tensor:
     """x2[:, perm] as a new contiguous [M, K] tensor (act-order), by one small Triton kernel;
     `launch_dependents`: the next launch (a GEMM of a plan with GATHER_PDL) may start before this one ends;
-    `form` ("columns" or "rows", see `_GATHER_BLOCKS`) overrides the choice by M (benchmarks/probe_gather.py)."""
+    `form` ("columns", "rows" or "staged" (K <= 16384), see `_GATHER_BLOCKS` and `_gather_rows_staged_kernel`)
+    overrides the choice by M (benchmarks/probe_gather.py)."""
     m, k = x2.shape
     out = torch.empty((m, k), device=x2.device, dtype=x2.dtype)
     if form is None:
-        form = "rows" if m >= _GATHER_WHOLE_ROWS_M else "columns"
-    elif form not in _GATHER_BLOCKS:
-        raise ValueError(f"form must be None or one of {tuple(_GATHER_BLOCKS)}, got {form!r}")
+        form = "columns" if m < _GATHER_WHOLE_ROWS_M else ("staged" if k <= _STAGED_MAX_K else "rows")
+    elif form not in _GATHER_FORMS:
+        raise ValueError(f"form must be None or one of {_GATHER_FORMS}, got {form!r}")
+    if form == "staged":
+        if k > _STAGED_MAX_K:
+            raise ValueError(f"form 'staged' needs K <= {_STAGED_MAX_K}, got K = {k}")
+        block = max(512, 1 << (k - 1).bit_length())
+        launch = _gather_staged[(block, launch_dependents)]
+        per_sm = 64 // launch.options["num_warps"]  # resident programs an SM's warp slots allow
+        launch((min(m, per_sm * sm_count(x2.device)),), (x2, perm, out), (m, k, x2.stride(0)), current_stream(x2.device))
+        return out
     block = _GATHER_BLOCKS[form][0]
     cols_per_program = -(-k // block) * block if form == "rows" else block
     _gather_columns[(form, launch_dependents)]((m, -(-k // cols_per_program)), (x2, perm, out), (k, x2.stride(0), cols_per_program),
                           current_stream(x2.device))
     return out
+
 
