@@ -162,9 +162,9 @@ def test_shipped_tile_configs(w4a16, device, kernel_path, config, group_size, dt
 
 @pytest.mark.parametrize("m,k", [(1, 8), (3, 1000), (2, 2056), (5, 2056), (63, 1500), (64, 4100), (260, 9000)])
 def test_gather_columns_is_index_select(w4a16, device, m, k):
-    """The act-order gather kernel: x[:, perm] exactly, for a strided x and K not a multiple of its block;
-    one program per 1024 columns (M < 64) and, from M = 64, one program per whole row in 4096-column steps
-    (at K = 9000 three, the last one partly past K)."""
+    """The act-order gather kernel in the form M picks: x[:, perm] exactly, for a strided x and K not a multiple of
+    its block; one program per 1024 columns (M < 64), from M = 64 one program per whole row in 4096-column steps,
+    from M = 128 the staged form (at M = 260, K = 9000: a row block of 16384, the rows past K masked)."""
     if not triton_available(device):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     gen = torch.Generator().manual_seed(k)
@@ -191,9 +191,10 @@ def test_gather_columns_forced_form(w4a16, device):
 
 @pytest.mark.parametrize("m,k", [(1, 8), (3, 1000), (37, 2056), (70, 4104), (5, 16384)])
 def test_gather_staged_form(w4a16, device, m, k):
-    """The staged form (whole rows permuted in shared memory, programs striding over rows): x[:, perm] exactly
-    for a strided x, K off the power-of-two row blocks, and more rows than programs (at M = 37 and 70 every
-    program takes several rows on the CPU, where the grid is at most 16 programs); K past 16384 is refused."""
+    """The staged form (whole rows permuted in shared memory, programs striding over rows; the default from M = 128
+    where K <= 16384), forced at any M: x[:, perm] exactly for a strided x, K off the power-of-two row blocks, and
+    more rows than programs (at M = 37 and 70 every program takes several rows on the CPU, where the grid is at
+    most 16 programs); K past 16384 is refused."""
     if not triton_available(device):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     gen = torch.Generator().manual_seed(k + m)

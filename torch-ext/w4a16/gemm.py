@@ -828,6 +828,7 @@ def dequantize_native(qweight, scales, zeros, in_features: int, group_size: int,
 
 
 _GATHER_WHOLE_ROWS_M = 64  # from this M one program per whole row (NOTES v15; v17: faster from M = 64 on the H200)
+_GATHER_STAGED_M = 128  # from this M the staged form where K allows (NOTES v20: 1.1-2.2x the whole-row form from M = 256)
 # One prepared launch per form (constexprs and options never vary; what each keeps per specialisation,
 # the compiled kernel, is a cache like Triton's own): 1024-column programs of 4 warps for small M;
 # whole-row programs of 32 warps (two per SM: at most two rows of x in an SM's L1) for large M.
@@ -854,7 +855,7 @@ def gather_columns(x2: torch.Tensor, perm: torch.Tensor, launch_dependents: bool
     m, k = x2.shape
     out = torch.empty((m, k), device=x2.device, dtype=x2.dtype)
     if form is None:
-        form = "columns" if m < _GATHER_WHOLE_ROWS_M else ("staged" if k <= _STAGED_MAX_K else "rows")
+        form = "columns" if m < _GATHER_WHOLE_ROWS_M else ("staged" if m >= _GATHER_STAGED_M and k <= _STAGED_MAX_K else "rows")
     elif form not in _GATHER_FORMS:
         raise ValueError(f"form must be None or one of {_GATHER_FORMS}, got {form!r}")
     if form == "staged":
