@@ -32,7 +32,8 @@ Kernels:
   `benchmarks/tune.py` considers it for M <= 2 on every GPU).
 - `_dequantize_kernel`: writes the fp16/bf16 weight [N, K] for the dense (cuBLAS) prefill path.
 - `_gather_columns_kernel`: act-order's x[:, perm] before the GEMM (per 1024 columns at small M, per whole
-  row from M = 64); on sm_90+ the GEMM may follow it as a programmatic dependent (tuned option GATHER_PDL).
+  row from M = 64); `_gather_rows_staged_kernel` from M = 128 (K <= 16384): each row read whole and permuted
+  in shared memory. On sm_90+ the GEMM may follow the gather as a programmatic dependent (tuned option GATHER_PDL).
 
 Split-K reduction: each split writes its fp32 partial tile to a workspace; a per-tile arrival counter
 (atomic) elects the last split, which sums the partials in split order (deterministic) and writes y,
