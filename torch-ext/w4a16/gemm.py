@@ -67,45 +67,21 @@ _TILE_WORDS = tl.constexpr(N_TILE * K_BLOCK // 8)  # words per (tile, K block): 
 
 
 @triton.jit
-def _load_group_params(s_ptr, z_ptr, g, num_groups, offs_n, n_mask, N, MAGIC_VALUE: tl.constexpr, SYMMETRIC: tl.constexpr,
-                       USE_ASM: tl.constexpr):
+def _load_group_params(s_ptr, z_ptr, g, num_groups, offs_n, n_mask, N, MAGIC_VALUE: tl.constexpr, SYMMETRIC: tl.constexpr):
     """Scale s and shifted zero (z + MAGIC_VALUE) of group(s) g for columns offs_n, as fp32 in the
     broadcast shape of g and offs_n ([BLOCK_N] for a scalar g; the GEMV passes [1, 16, 1] groups).
 
     Groups past the end (padding rows of the last 128-row block) get s = 0, so they add nothing.
     """
     valid = n_mask & ((offs_n * 0 + g) < num_groups)
-    s = _load_param(s_ptr + g * N + offs_n, valid, USE_ASM)
+    s = tl.load(s_ptr + g * N + offs_n, mask=valid, other=0.0).to(tl.float32)
     if SYMMETRIC:
         zz = tl.zeros_like(s) + (8.0 + MAGIC_VALUE)
-    else:  # float zeros, or integer zeros stored as uint8 (layout.py): z + MAGIC_VALUE exact either way
-        zz = _load_param(z_ptr + g * N + offs_n, valid, USE_ASM) + MAGIC_VALUE
-    return s, zz
-
-
-@triton.jit
-def _load_param(ptrs, mask, USE_ASM: tl.constexpr):
-    """tl.load(ptrs, mask, other=0) as fp32, for uint8, fp16, bf16 or fp32 elements (scales, zeros).
-
-    With USE_ASM it is a PTX load (inline assembly), which Triton's coalescing pass leaves alone, so the
-    values are loaded in the layout of their use (a few rows per thread, lanes sharing a row reading one
-    address) instead of a coalesced layout that a shared-memory round trip and a block-wide barrier then
-    convert: one barrier per scale or zero per 128-row block of the tensor-core loop.
-    """
-    ty: tl.constexpr = ptrs.dtype.element_ty
-    if USE_ASM:
-        LD: tl.constexpr = "u8" if ty.primitive_bitwidth == 8 else ("u16" if ty.primitive_bitwidth == 16 else "b32")
-        bits = tl.inline_asm_elementwise(
-            f"{{ .reg .pred p; setp.ne.u32 p, $2, 0; mov.u32 $0, 0; @p ld.global.nc.{LD} $0, [$1]; }}", "=r,l,r",
-            [ptrs, mask.to(tl.int32)], dtype=tl.uint32, is_pure=True, pack=1)
-        if ty == tl.uint8:
-            return bits.to(tl.float32)
-        elif ty.primitive_bitwidth == 16:
-            return bits.to(tl.uint16).to(ty, bitcast=True).to(tl.float32)
-        else:
-            return bits.to(tl.float32, bitcast=True)
+    elif z_ptr.dtype.element_ty == tl.uint8:  # integer zeros (layout.py)
+        zz = uint_as_float(tl.load(z_ptr + g * N + offs_n, mask=valid, other=0).to(tl.uint32), MAGIC_VALUE)
     else:
-        return tl.load(ptrs, mask=mask, other=0).to(tl.float32)
+        zz = tl.load(z_ptr + g * N + offs_n, mask=valid, other=0.0).to(tl.float32) + MAGIC_VALUE
+    return s, zz
 
 
 @triton.jit
@@ -187,7 +163,7 @@ def _chained_part_dots(acc, words, params, x_rows, k_first, K, m_mask, FIRST: tl
 @triton.jit
 def _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block, block_end, K, N, num_groups, GROUP_SIZE: tl.constexpr, offs_n,
                       n_mask, m_mask, offs_fold, FOLD_SUBS: tl.constexpr, MAGIC_VALUE: tl.constexpr, SYMMETRIC: tl.constexpr,
-                      EVEN_K: tl.constexpr, ONE_TOKEN: tl.constexpr, USE_ASM: tl.constexpr):
+                      EVEN_K: tl.constexpr, ONE_TOKEN: tl.constexpr):
     """For each scale fold of `block`: the x^T tile (for its column sums), s and z + MAGIC_VALUE.
 
     Tuples of 8 / FOLD_SUBS entries. Past the split's last block everything is masked off. The x^T
@@ -211,8 +187,7 @@ def _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block, block_end, K, N, num
             x_tiles = x_tiles + (tl.load(x_first + rows, mask=mask, other=0.0, cache_modifier=".ca"),)
         else:
             x_tiles = x_tiles + (_load_x_rows(x_rows, k0 + offs_fold, K, m_mask, EVEN_K, ".ca", block < block_end),)
-        s, zz = _load_group_params(s_ptr, z_ptr, k0 // GROUP_SIZE, num_groups, offs_n, n_mask & in_range, N, MAGIC_VALUE, SYMMETRIC,
-                                   USE_ASM)
+        s, zz = _load_group_params(s_ptr, z_ptr, k0 // GROUP_SIZE, num_groups, offs_n, n_mask & in_range, N, MAGIC_VALUE, SYMMETRIC)
         scales = scales + (s,)
         zeros = zeros + (zz,)
     return x_tiles, scales, zeros
@@ -262,10 +237,8 @@ def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_m
     in_range = (offs_n * 0 + block) < block_end
     params = ()
     for f in tl.static_range(8 // FOLD_SUBS):
-        # plain loads (USE_ASM False): with PTX loads Triton re-lays the whole dequantized operand out through
-        # shared memory instead (sm_90 loop 413 -> 620 instructions, 5 -> 9 barriers; NOTES v20)
         s, zz = _load_group_params(s_ptr, z_ptr, (block * 128 + f * FOLD_ROWS) // GROUP_SIZE, num_groups, offs_n,
-                                   n_mask & in_range, N, MAGIC_VALUE, SYMMETRIC, False)
+                                   n_mask & in_range, N, MAGIC_VALUE, SYMMETRIC)
         s = s.to(XT_DTYPE)
         values = (s,)
         if not SYMMETRIC:
@@ -318,7 +291,7 @@ def _tile_accumulate(
                                     GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM)
     else:
         side = _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block_start, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
-                                 n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN, USE_ASM)
+                                 n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN)
     if PER_CHANNEL and not SCALE_IN_OPERAND:
         raw = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # sum over blocks of x . (C + q)
         if ONE_TOKEN:
@@ -346,7 +319,7 @@ def _tile_accumulate(
             # and the x sums over the blocks; the fold runs once, after the loop.
             x_again = side[0][0]
             side = _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block + 1, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
-                                     n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN, USE_ASM)
+                                     n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN)
             if DOT_PARTS == 1:
                 slices = unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
                 xt = _load_x_rows(x_rows, block * 128 + offs_xk, K, m_mask, EVEN_K, "", True)
@@ -358,7 +331,7 @@ def _tile_accumulate(
         else:
             x_again, scales, shifted_zeros = side
             side = _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block + 1, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
-                                     n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN, USE_ASM)
+                                     n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN)
             if DOT_PARTS == 1:
                 slices = unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
             for f in tl.static_range(8 // FOLD_SUBS):
@@ -380,7 +353,7 @@ def _tile_accumulate(
                 acc += s[:, None] * part
                 acc -= (s * shifted_zeros[f])[:, None] * xsum
     if PER_CHANNEL and not SCALE_IN_OPERAND:
-        s, zz = _load_group_params(s_ptr, z_ptr, 0, num_groups, offs_n, n_mask, N, MAGIC_VALUE, SYMMETRIC, USE_ASM)
+        s, zz = _load_group_params(s_ptr, z_ptr, 0, num_groups, offs_n, n_mask, N, MAGIC_VALUE, SYMMETRIC)
         if not ONE_TOKEN:
             xsum_total = xsum_total[None, :]
         acc = s[:, None] * raw - (s * zz)[:, None] * xsum_total
@@ -546,7 +519,7 @@ def _w4a16_gemv_kernel(
         x_cur = xs
         xs = _gather_x_block(x_ptrs, block + 1, block_end, K, offs_w, x_mask, EVEN_K)
         if FOLD_SUBS == 8:
-            s, zz = _load_group_params(s_ptr, z_ptr, (block * 128) // group_size, num_groups, offs_n, n_mask, N, 0.0, SYMMETRIC, False)
+            s, zz = _load_group_params(s_ptr, z_ptr, (block * 128) // group_size, num_groups, offs_n, n_mask, N, 0.0, SYMMETRIC)
             zz3 = zz[:, None, None]
         for r in tl.static_range(8):
             # q as fp32 by the magic number. (The zero is subtracted separately: 2**23 + z would drop
@@ -560,7 +533,7 @@ def _w4a16_gemv_kernel(
             else:
                 rows = block * 128 + row_of(offs_w, r)  # [16]
                 s3, zz3 = _load_group_params(s_ptr, z_ptr, (rows // group_size)[None, :, None], num_groups, offs_n[:, None, None],
-                                             n_mask[:, None, None], N, 0.0, SYMMETRIC, False)
+                                             n_mask[:, None, None], N, 0.0, SYMMETRIC)
                 acc3 += ((codes - zz3) * s3) * x_cur[r]
         if FOLD_SUBS == 8:
             acc3 += s[:, None, None] * part3
@@ -597,7 +570,7 @@ def _dequantize_kernel(
     FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
     for f in tl.static_range(8 // FOLD_SUBS):
         k0 = block * 128 + f * FOLD_ROWS
-        s, zz = _load_group_params(s_ptr, z_ptr, k0 // group_size, num_groups, offs_n, n_mask, N, MAGIC_VALUE, SYMMETRIC, False)
+        s, zz = _load_group_params(s_ptr, z_ptr, k0 // group_size, num_groups, offs_n, n_mask, N, MAGIC_VALUE, SYMMETRIC)
         w = (concat_slices(slices, f * FOLD_SUBS, FOLD_SUBS).to(tl.float32) - zz[:, None]) * s[:, None]
         offs_k = k0 + tl.arange(0, FOLD_ROWS)
         tl.store(w_ptr + offs_n[:, None].to(tl.int64) * K + offs_k[None, :], w.to(w_dtype), mask=n_mask[:, None] & (offs_k[None, :] < K))
