@@ -838,8 +838,8 @@ _gather_columns = {(form, dependents): PreparedLaunch(_gather_columns_kernel, {"
                                                       {"num_warps": warps}, ("x_ptr", "perm_ptr", "out_ptr"),
                                                       ("K", "stride_xm", "cols_per_program"))
                    for form, (block, warps) in _GATHER_BLOCKS.items() for dependents in (False, True)}
-# The staged form: rows up to _STAGED_MAX_K columns (the row, its permutation and perm in registers: 16
-# elements per thread at 32 warps), one prepared launch per power-of-two row block, 16 elements per thread.
+# The staged form: rows up to _STAGED_MAX_K columns (the row, its permutation and perm in registers), one prepared
+# launch per power-of-two row block of 512..16384 columns, with a warp per 512 columns (16 elements per thread).
 _STAGED_MAX_K = 16384
 _gather_staged = {(block, dependents): PreparedLaunch(_gather_rows_staged_kernel, {"BLOCK_K": block, "LAUNCH_DEPENDENTS": dependents},
                                                       {"num_warps": max(4, block // 512)}, ("x_ptr", "perm_ptr", "out_ptr"),
@@ -864,7 +864,9 @@ def gather_columns(x2: torch.Tensor, perm: torch.Tensor, launch_dependents: bool
             raise ValueError(f"form 'staged' needs K <= {_STAGED_MAX_K}, got K = {k}")
         block = max(512, 1 << (k - 1).bit_length())
         launch = _gather_staged[(block, launch_dependents)]
-        per_sm = 64 // launch.options["num_warps"]  # resident programs an SM's warp slots allow
+        # at most the programs an SM's warp slots hold (registers may allow fewer: the others start later and
+        # each program takes fewer rows; the grid-stride loop is correct for any grid)
+        per_sm = 64 // launch.options["num_warps"]
         launch((min(m, per_sm * sm_count(x2.device)),), (x2, perm, out), (m, k, x2.stride(0)), current_stream(x2.device))
         return out
     block = _GATHER_BLOCKS[form][0]
@@ -872,5 +874,3 @@ def gather_columns(x2: torch.Tensor, perm: torch.Tensor, launch_dependents: bool
     _gather_columns[(form, launch_dependents)]((m, -(-k // cols_per_program)), (x2, perm, out), (k, x2.stride(0), cols_per_program),
                           current_stream(x2.device))
     return out
-
-
