@@ -1,0 +1,121 @@
+"""Probe (GPU): where the decode time goes on each shape, against the floors a kernel of the same grid has.
+
+For each shape at M = 1, with the benchmark method of timing.py (CUDA-graph replay over rotating weight
+copies), it times
+- `empty`: a one-program kernel that stores one word (the launch and graph-node floor of any kernel);
+- `stream`: the tuned plan's grid (BLOCK_N rows x its K range per program, from the shipped table's M = 1
+  entry; Stream-K entries as split-K with the same program count) reading its weight words and its scales
+  with no unpack, no MMA and no reduction (each program stores one xor);
+- `stream+reduce`: the same, then the split-K arrival (each program stores a partial of BLOCK_N floats,
+  counts itself in on an atomic counter, and the last one reads the partials back), as the GEMM does;
+- `w4a16`: the GEMM itself with its tuned plan.
+So `stream` - `empty` is the memory system's time for the plan's bytes and grid, `stream+reduce` adds the
+split-K fixup, and the GEMM's excess over it is the unpack / MMA loop's own. Prints a table, writes JSON.
+
+    python benchmarks/probe_decode_floor.py [--shapes 8B.o,70B.gate_up] [--out floor.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import timing  # noqa: E402
+
+
+@triton.jit
+def _empty(out_ptr):
+    tl.store(out_ptr, 1)
+
+
+@triton.jit
+def _stream(w_ptr, s_ptr, out_ptr, part_ptr, lock_ptr, N, blocks, per_split, BLOCK_N: tl.constexpr, REDUCE: tl.constexpr):
+    """Words of the kernel-native layout [Np/64, blocks, 64, 16] for rows [pid_n * BLOCK_N, +BLOCK_N), K blocks
+    [pid_k * per_split, +per_split), and one scale row per block, xor-reduced: the GEMM's reads without its math."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    tile_rows = (offs_n // 64)[:, None].to(tl.int64) * (blocks * 1024)
+    ptrs = w_ptr + tile_rows + (offs_n % 64)[:, None] * 16 + tl.arange(0, 16)[None, :]
+    start = pid_k * per_split
+    end = tl.minimum(start + per_split, blocks)
+    acc = tl.zeros((BLOCK_N, 16), dtype=tl.int32)
+    sacc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for b in range(start, end):
+        acc ^= tl.load(ptrs + b * 1024, eviction_policy="evict_first")
+        sacc += tl.load(s_ptr + b * N + offs_n).to(tl.float32)
+    value = tl.xor_sum(acc, axis=1).to(tl.float32) + sacc
+    if REDUCE:
+        tl.store(part_ptr + pid_k * N + offs_n, value)
+        tl.debug_barrier()
+        if tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel") == tl.num_programs(1) - 1:
+            total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for s in range(tl.num_programs(1)):
+                total += tl.load(part_ptr + s * N + offs_n, cache_modifier=".cg")
+            tl.store(out_ptr + offs_n, total)
+            tl.atomic_xchg(lock_ptr + pid_n, 0)
+    else:
+        tl.store(out_ptr + pid_k * N + offs_n, value)
+
+
+def plan_grid(kernel, n: int, k: int, sm_count: int) -> tuple[int, int]:
+    """(BLOCK_N, split) of the shipped M = 1 plan; a Stream-K plan as the split giving its program count."""
+    plan = kernel.dispatch.plan_gemm(1, n, k, 128, torch.float16, torch.device("cuda"))
+    cfg = plan.config
+    block_n = cfg.get("BLOCK_N", 128)
+    tiles = -(-n // block_n)
+    if plan.path == "streamk":
+        return block_n, max(1, round(cfg["PROGRAMS"] / tiles))
+    return block_n, cfg.get("SPLIT_K", 1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="", help="comma list of shape names or name=NxK (default: all)")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    kernel = timing.load_kernel()
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+    empty_us = timing.gpu_time_us([lambda: _empty[(1,)](flag)])
+    rows = [{"shape": "-", "impl": "empty", "us": empty_us}]
+    print(f"empty kernel: {empty_us:.2f} us")
+    print(f"{'shape':12s} {'grid':>12s} {'stream':>8s} {'+reduce':>8s} {'w4a16':>8s}")
+    for shape in timing.select_shapes(args.shapes):
+        n, k = shape["N"], shape["K"]
+        copies = timing.copies_needed(timing.w4_bytes(n, k, 1, 128))
+        weights = timing.random_w4_weights(kernel, n, k, 128, copies)
+        block_n, split = plan_grid(kernel, n, k, sm_count)
+        blocks = -(-k // 128)
+        per_split = -(-blocks // split)
+        grid = (-(-n // block_n), split)
+        out = torch.empty(split * n, device="cuda", dtype=torch.float32)
+        part = torch.empty(split * n, device="cuda", dtype=torch.float32)
+        lock = torch.zeros(grid[0], device="cuda", dtype=torch.int32)
+        times = {}
+        for name, reduce in (("stream", False), ("stream+reduce", True)):
+            times[name] = timing.gpu_time_us([
+                lambda w=w, r=reduce: _stream[grid](w.qweight, w.scales, out, part, lock, n, blocks, per_split, BLOCK_N=block_n,
+                                                    REDUCE=r, num_warps=4)
+                for w in weights])
+        x = torch.randn(1, k, device="cuda", dtype=torch.float16)
+        times["w4a16"] = timing.gpu_time_us([lambda w=w: kernel.w4a16_linear(x, w) for w in weights])
+        for name, us in times.items():
+            rows.append({"shape": shape["name"], "N": n, "K": k, "M": 1, "BLOCK_N": block_n, "split": split, "impl": name, "us": us})
+        print(f"{shape['name']:12s} {f'{block_n}x{split}':>12s} {times['stream']:8.2f} {times['stream+reduce']:8.2f} {times['w4a16']:8.2f}",
+              flush=True)
+        del weights
+        torch.cuda.empty_cache()
+    if args.out:
+        Path(args.out).write_text(json.dumps({**timing.machine_info(), "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
