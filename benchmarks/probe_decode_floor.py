@@ -8,6 +8,7 @@ copies), it times
   with no unpack, no MMA and no reduction (each program stores one xor);
 - `stream+reduce`: the same, then the split-K arrival (each program stores a partial of BLOCK_N floats,
   counts itself in on an atomic counter, and the last one reads the partials back), as the GEMM does;
+  `stream+reduce(release)` with a release counter, an acquire fence on the last arrival only, a relaxed reset;
 - `w4a16`: the GEMM itself with its tuned plan.
 So `stream` - `empty` is the memory system's time for the plan's bytes and grid, `stream+reduce` adds the
 split-K fixup, and the GEMM's excess over it is the unpack / MMA loop's own. Prints a table, writes JSON.
@@ -36,9 +37,12 @@ def _empty(out_ptr):
 
 
 @triton.jit
-def _stream(w_ptr, s_ptr, out_ptr, part_ptr, lock_ptr, N, blocks, per_split, BLOCK_N: tl.constexpr, REDUCE: tl.constexpr):
+def _stream(w_ptr, s_ptr, out_ptr, part_ptr, lock_ptr, N, blocks, per_split, BLOCK_N: tl.constexpr, REDUCE: tl.constexpr,
+            RELEASE_ONLY: tl.constexpr):
     """Words of the kernel-native layout [Np/64, blocks, 64, 16] for rows [pid_n * BLOCK_N, +BLOCK_N), K blocks
-    [pid_k * per_split, +per_split), and one scale row per block, xor-reduced: the GEMM's reads without its math."""
+    [pid_k * per_split, +per_split), and one scale row per block, xor-reduced: the GEMM's reads without its math.
+    REDUCE: then the split-K arrival as gemm.py does it (acq_rel counter and reset), or with RELEASE_ONLY a release
+    counter, an acquire fence on the last arrival only and a relaxed reset (the next launch is ordered anyway)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -55,12 +59,18 @@ def _stream(w_ptr, s_ptr, out_ptr, part_ptr, lock_ptr, N, blocks, per_split, BLO
     if REDUCE:
         tl.store(part_ptr + pid_k * N + offs_n, value)
         tl.debug_barrier()
-        if tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel") == tl.num_programs(1) - 1:
+        if RELEASE_ONLY:  # release on the counter; only the last arrival pays an acquire fence
+            last = tl.atomic_add(lock_ptr + pid_n, 1, sem="release") == tl.num_programs(1) - 1
+            if last:
+                tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            last = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel") == tl.num_programs(1) - 1
+        if last:
             total = tl.zeros((BLOCK_N,), dtype=tl.float32)
             for s in range(tl.num_programs(1)):
                 total += tl.load(part_ptr + s * N + offs_n, cache_modifier=".cg")
             tl.store(out_ptr + offs_n, total)
-            tl.atomic_xchg(lock_ptr + pid_n, 0)
+            tl.atomic_xchg(lock_ptr + pid_n, 0, sem="relaxed" if RELEASE_ONLY else "acq_rel")
     else:
         tl.store(out_ptr + pid_k * N + offs_n, value)
 
@@ -87,7 +97,7 @@ def main() -> None:
     empty_us = timing.gpu_time_us([lambda: _empty[(1,)](flag)])
     rows = [{"shape": "-", "impl": "empty", "us": empty_us}]
     print(f"empty kernel: {empty_us:.2f} us")
-    print(f"{'shape':12s} {'grid':>12s} {'stream':>8s} {'+reduce':>8s} {'w4a16':>8s}")
+    print(f"{'shape':12s} {'grid':>12s} {'stream':>8s} {'+reduce':>8s} {'+rel':>8s} {'w4a16':>8s}")
     for shape in timing.select_shapes(args.shapes):
         n, k = shape["N"], shape["K"]
         copies = timing.copies_needed(timing.w4_bytes(n, k, 1, 128))
@@ -100,17 +110,18 @@ def main() -> None:
         part = torch.empty(split * n, device="cuda", dtype=torch.float32)
         lock = torch.zeros(grid[0], device="cuda", dtype=torch.int32)
         times = {}
-        for name, reduce in (("stream", False), ("stream+reduce", True)):
+        for name, reduce, release_only in (("stream", False, False), ("stream+reduce", True, False),
+                                           ("stream+reduce(release)", True, True)):
             times[name] = timing.gpu_time_us([
-                lambda w=w, r=reduce: _stream[grid](w.qweight, w.scales, out, part, lock, n, blocks, per_split, BLOCK_N=block_n,
-                                                    REDUCE=r, num_warps=4)
+                lambda w=w, r=reduce, ro=release_only: _stream[grid](w.qweight, w.scales, out, part, lock, n, blocks, per_split,
+                                                                     BLOCK_N=block_n, REDUCE=r, RELEASE_ONLY=ro, num_warps=4)
                 for w in weights])
         x = torch.randn(1, k, device="cuda", dtype=torch.float16)
         times["w4a16"] = timing.gpu_time_us([lambda w=w: kernel.w4a16_linear(x, w) for w in weights])
         for name, us in times.items():
             rows.append({"shape": shape["name"], "N": n, "K": k, "M": 1, "BLOCK_N": block_n, "split": split, "impl": name, "us": us})
-        print(f"{shape['name']:12s} {f'{block_n}x{split}':>12s} {times['stream']:8.2f} {times['stream+reduce']:8.2f} {times['w4a16']:8.2f}",
-              flush=True)
+        print(f"{shape['name']:12s} {f'{block_n}x{split}':>12s} {times['stream']:8.2f} {times['stream+reduce']:8.2f} "
+              f"{times['stream+reduce(release)']:8.2f} {times['w4a16']:8.2f}", flush=True)
         del weights
         torch.cuda.empty_cache()
     if args.out:
