@@ -55,7 +55,7 @@ def bench_shape(kernel, shape, ms, variants, rows, eager_m1=True):
         us = timing.gpu_time_us([lambda w=w: F.linear(x, w) for w in w_f16])
         rows.append(dict(base, M=m, impl="fp16", us=us))
         if m == 1 and eager_m1:
-            rows.append(dict(base, M=m, impl="fp16_eager", us=timing.eager_wall_us(lambda: F.linear(x, w_f16[0]))))
+            rows.append(dict(base, M=m, impl="fp16_eager", us=timing.eager_wall_us(lambda w=w_f16[0]: F.linear(x, w))))
     w_bf16 = [w.to(torch.bfloat16) for w in w_f16]
     del w_f16
     for m in ms:
