@@ -89,7 +89,7 @@ def _stream(w_ptr, s_ptr, out_ptr, part_ptr, lock_ptr, N, blocks, per_split, BLO
         tl.store(out_ptr + pid_k * N + offs_n, value)
 
 
-def plan_grid(kernel, n: int, k: int, sm_count: int) -> tuple[int, int]:
+def plan_grid(kernel, n: int, k: int) -> tuple[int, int]:
     """(BLOCK_N, split) of the shipped M = 1 plan; a Stream-K plan as the split giving its program count."""
     plan = kernel.dispatch.plan_gemm(1, n, k, 128, torch.float16, torch.device("cuda"))
     cfg = plan.config
@@ -108,7 +108,6 @@ def main() -> None:
     kernel = timing.load_kernel()
     global magic_pairs, dequantize_pairs, pack_pair
     magic_pairs, dequantize_pairs, pack_pair = kernel.dequant.magic_pairs, kernel.dequant.dequantize_pairs, kernel.dequant.pack_pair
-    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     flag = torch.zeros(1, dtype=torch.int32, device="cuda")
     empty_us = timing.gpu_time_us([lambda: _empty[(1,)](flag)])
     rows = [{"shape": "-", "impl": "empty", "us": empty_us}]
@@ -118,7 +117,7 @@ def main() -> None:
         n, k = shape["N"], shape["K"]
         copies = timing.copies_needed(timing.w4_bytes(n, k, 1, 128))
         weights = timing.random_w4_weights(kernel, n, k, 128, copies)
-        block_n, split = plan_grid(kernel, n, k, sm_count)
+        block_n, split = plan_grid(kernel, n, k)
         blocks = -(-k // 128)
         per_split = -(-blocks // split)
         grid = (-(-n // block_n), split)

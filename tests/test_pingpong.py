@@ -80,7 +80,7 @@ def test_pingpong_refuses_what_it_cannot_run(w4a16, device):
             call({"PROGRAMS": 4, "SPLIT_K": 2})
 
 
-@pytest.mark.skipif(not _on_hopper() or not torch.cuda.is_available(), reason="the Gluon kernel needs an sm_90 GPU")
+@pytest.mark.skipif(not _on_hopper(), reason="the Gluon kernel needs an sm_90 GPU")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("k,n,group_size,symmetric,fractional", [
     (512, 200, 128, False, False),   # N off the 128-row tile
@@ -104,7 +104,7 @@ def test_pingpong_matches_reference(w4a16, dtype, k, n, group_size, symmetric, f
     assert_path_matches_reference(w4a16, weight, ref, ("pingpong", config), dtype, "cuda", (1, 3, 33, 64, 130, 257), seed=22)
 
 
-@pytest.mark.skipif(not _on_hopper() or not torch.cuda.is_available(), reason="the Gluon kernel needs an sm_90 GPU")
+@pytest.mark.skipif(not _on_hopper(), reason="the Gluon kernel needs an sm_90 GPU")
 @pytest.mark.parametrize("programs,consumers", [(37, 2), (132, 2), (264, 1)])
 def test_pingpong_stream_k_many_contributors(w4a16, programs, consumers):
     """A persistent grid on few tiles: each tile's 24 K blocks are shared by many programs (one or two units each),
@@ -114,7 +114,7 @@ def test_pingpong_stream_k_many_contributors(w4a16, programs, consumers):
     assert_path_matches_reference(w4a16, weight, ref, ("pingpong", config), torch.float16, "cuda", (1, 64, 130), seed=32)
 
 
-@pytest.mark.skipif(not _on_hopper() or not torch.cuda.is_available(), reason="the Gluon kernel needs an sm_90 GPU")
+@pytest.mark.skipif(not _on_hopper(), reason="the Gluon kernel needs an sm_90 GPU")
 def test_pingpong_large_work_list(w4a16):
     """Programs x units past 2**31 (5888 whole tiles of 64 K blocks: the work-list bounds need int64): the first and
     last rows (the last programs' tiles) against the float64 reference."""

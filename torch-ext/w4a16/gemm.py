@@ -52,7 +52,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from .dequant import MAGIC_PAIR, MAGIC_VALUE, concat_slices, operand_part, pack_pair, row_of, uint_as_float, unpack_slices
 from .dispatch import Plan, sm_count
 from .launch import BoundLaunch, PreparedLaunch, current_stream, split_k_scratch, workspace_entry
-from .layout import K_BLOCK, N_TILE
+from .layout import K_BLOCK, N_TILE, groups_per_block
 
 __all__ = ["launch_gemm", "launch_gemm_kept", "RepeatGemm", "dequantize_native", "gather_columns"]
 
@@ -645,9 +645,7 @@ def _use_asm(device_type: str) -> bool:
 
 def _fold_subs(group_size: int, in_features: int) -> int:
     """16-row slices per scale fold: one fold per group, at most one per 128-row block."""
-    if group_size == in_features or group_size >= K_BLOCK:
-        return K_BLOCK // 16
-    return group_size // 16
+    return K_BLOCK // 16 // groups_per_block(group_size, in_features)
 
 
 @dataclass(frozen=True)

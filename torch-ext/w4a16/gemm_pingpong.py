@@ -47,7 +47,7 @@ import torch
 import triton
 
 from .launch import current_stream, split_k_scratch
-from .layout import K_BLOCK
+from .layout import K_BLOCK, groups_per_block
 
 try:  # Gluon is experimental: absent before Triton 3.5, and its names move between releases
     from triton.experimental import gluon
@@ -65,12 +65,6 @@ except ImportError:  # pragma: no cover - exercised only with an old Triton
 __all__ = ["HAVE_GLUON", "available", "launch_pingpong", "compile_for_sm90"]
 
 _CONSUMER_REGS = triton.language.constexpr(232)  # registers per consumer thread (setmaxnreg); the loader warp keeps 24
-
-
-
-def _groups_per_block(group_size: int, in_features: int) -> int:
-    """Groups of one 128-row K block: 128 / G for G = 16, 32, 64, else 1 (G a multiple of 128, or per-channel)."""
-    return K_BLOCK // group_size if (group_size < K_BLOCK and group_size != in_features) else 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -375,8 +369,13 @@ if HAVE_GLUON:
                 (_x_loader, (x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M, STAGES, CONSUMERS)),
             ], [1], [24])
 
+    # x's ring stage as TMA writes it: [BLOCK_M, 64] 16-bit boxes, 128-byte swizzle (one per call would be built anew)
+    _X_SMEM_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+
 def _x_descriptor(x2: torch.Tensor, block_m: int):
-    return TensorDescriptor.from_tensor(x2, [block_m, 64], gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+    """x's TMA descriptor (per call: it holds x's address)."""
+    return TensorDescriptor.from_tensor(x2, [block_m, 64], _X_SMEM_LAYOUT)
 
 
 @dataclass(frozen=True)
@@ -404,7 +403,7 @@ def _pingpong_launch(plan, in_features: int, group_size: int, symmetric: bool) -
         if not isinstance(programs, int) or programs < 0 or (programs and cfg.get("SPLIT_K", 1) != 1):
             raise ValueError(f"config PROGRAMS must be a positive int (a persistent grid) and then SPLIT_K 1, got {cfg!r}")
         constexprs = dict(BLOCK_M=cfg.get("BLOCK_M", 128), STAGES=cfg.get("num_stages", 4), SYMMETRIC=symmetric,
-                          GROUPS=_groups_per_block(group_size, in_features), CONSUMERS=consumers)
+                          GROUPS=groups_per_block(group_size, in_features), CONSUMERS=consumers)
         options = {"num_warps": 4, **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {})}
         prepared = plan.launches[key] = _PingpongLaunch(constexprs["BLOCK_M"], cfg.get("SPLIT_K", 1), programs, consumers,
                                                         constexprs, options)

@@ -46,6 +46,7 @@ __all__ = [
     "W4A16Weight",
     "prepare_weight",
     "N_TILE",
+    "groups_per_block",
     "native_qweight_shape",
     "pack_int4_tiled_striped",
     "unpack_int4_tiled_striped",
@@ -56,6 +57,12 @@ __all__ = [
 K_BLOCK = 128  # rows of K per block: 16 words x 8 nibbles
 N_TILE = 64  # output rows per stored tile (4 KB per tile and K block)
 _NIBBLE_SHIFTS = torch.arange(8, dtype=torch.int64) * 4
+
+
+def groups_per_block(group_size: int, in_features: int) -> int:
+    """Scale groups within one K_BLOCK-row block: K_BLOCK / G for G = 16, 32, 64; 1 for G a multiple of K_BLOCK and
+    for per-channel (one group spanning K, whatever K is). The kernels' per-block parameter count."""
+    return K_BLOCK // group_size if (group_size < K_BLOCK and group_size != in_features) else 1
 
 
 def native_qweight_shape(out_features: int, in_features: int) -> tuple[int, int, int, int]:
