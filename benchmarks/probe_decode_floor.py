@@ -65,7 +65,7 @@ def _stream(w_ptr, s_ptr, out_ptr, part_ptr, lock_ptr, N, blocks, per_split, BLO
             params = (pack_pair(scale, tl.float16)[:, None], pack_pair(scale * 0 + 1032.0, tl.float16)[:, None])
             for q in tl.static_range(4):
                 pairs = magic_pairs(words.to(tl.uint32, bitcast=True), q, 0x64006400, True)
-                acc ^= dequantize_pairs(pairs, params, 1024.0, 0.0, tl.float16, True).to(tl.int32, bitcast=True)
+                acc ^= dequantize_pairs(pairs, params, 1024.0, tl.float16, True).to(tl.int32, bitcast=True)
         else:
             acc ^= words
             sacc += scale.to(tl.float32)

@@ -5,8 +5,6 @@ the kernel-native layout (layout.py) become MMA operands, in registers, with no 
     16 * (4h + q) + 2p + t of the 128-row block (`row_of`): one shift and one and-or per word and q
     (`magic_pairs`) put the row pair (2p, 2p + 1) of slice 4h + q into the two 16-bit halves of a
     register, which is where the MMA operand wants them (`pairs_to_slice` only names the halves).
-    With fp16 operands that are dequantized in registers, the odd pairs q = 1, 3 are taken where they
-    sit, at bits 4..7 of each half (`MAGIC_PAIR_HIGH`): one shift per word instead of three.
 
 The magic number: a nibble OR-ed into the mantissa of a float whose integer part is C (fp16 1024.0 =
 0x6400, bf16 128.0 = 0x4300; fp32 2**23 for `uint_as_float`) gives the float C + q with no
@@ -22,18 +20,13 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["MAGIC_PAIR", "MAGIC_VALUE", "MAGIC_PAIR_HIGH", "MAGIC_VALUE_HIGH", "uint_as_float", "magic_pairs", "nibble_pairs", "dequantize_pairs", "pack_pair", "pairs_to_slice",
+__all__ = ["MAGIC_PAIR", "MAGIC_VALUE", "uint_as_float", "magic_pairs", "dequantize_pairs", "pack_pair", "pairs_to_slice",
            "concat_k", "concat_slices", "unpack_slices", "operand_part", "row_of"]
 
 # fp16 1024.0 / bf16 128.0 in both 16-bit halves of a word: OR-ed with two nibbles at bits 0 and 16
 # it gives the two 16-bit floats C + q (the magic-number conversion).
 MAGIC_PAIR = {torch.float16: 0x64006400, torch.bfloat16: 0x43004300}
 MAGIC_VALUE = {torch.float16: 1024.0, torch.bfloat16: 128.0}
-# fp16 64.0 in both halves: a nibble at bits 4..7 of a half is mantissa bits 4..7, worth 1 each step at
-# exponent 6, so OR-ed in it gives 64 + q (exact: the ulp there is 1/16). The odd nibble pairs then need
-# no shift of their own. bf16 has 7 mantissa bits (bit 7 is the exponent's): no such value.
-MAGIC_PAIR_HIGH = {torch.float16: 0x54005400}
-MAGIC_VALUE_HIGH = {torch.float16: 64.0}
 
 
 @triton.jit
@@ -62,67 +55,8 @@ def magic_pairs(words, q: tl.constexpr, MAGIC_PAIR: tl.constexpr, USE_ASM: tl.co
 
 
 @triton.jit
-def _or_masked(v, MASK: tl.constexpr, MAGIC: tl.constexpr, USE_ASM: tl.constexpr):
-    """(v & MASK) | MAGIC: one PTX lop3 with USE_ASM, its bit-op twin otherwise."""
-    if USE_ASM:
-        asm: tl.constexpr = f"lop3.b32 $0, $1, {MASK}, {MAGIC}, 0xEA;"
-        return tl.inline_asm_elementwise(asm, "=r,r", [v], dtype=tl.uint32, is_pure=True, pack=1)
-    else:
-        return (v & MASK) | MAGIC
-
-
-@triton.jit
-def nibble_pairs(words, q: tl.constexpr, MAGIC_PAIR: tl.constexpr, MAGIC_PAIR_HIGH: tl.constexpr, USE_ASM: tl.constexpr):
-    """Nibbles q and q + 4 of a uint32 tile as two 16-bit magic floats: `magic_pairs` (C + q, one shift
-    per q > 0) when MAGIC_PAIR_HIGH is 0; otherwise even q as C + q from words >> 4q, odd q as
-    C_high + q masked at bits 4..7 of words >> 4(q - 1), so q = 0, 1 need no shift and q = 2, 3 share
-    one (`words >> 8`, the same expression for both: compiled once)."""
-    if MAGIC_PAIR_HIGH == 0:
-        return magic_pairs(words, q, MAGIC_PAIR, USE_ASM)
-    else:
-        source = words if q < 2 else words >> 8
-        if q % 2 == 0:
-            return _or_masked(source, 0x000F000F, MAGIC_PAIR, USE_ASM)
-        else:
-            return _or_masked(source, 0x00F000F0, MAGIC_PAIR_HIGH, USE_ASM)
-
-
-@triton.constexpr_function
-def _pair_bits(value, BF16):
-    """PTX immediate of a positive 16-bit float value exact in fp16 / bf16, in both halves of a word
-    ("0x64086408" for fp16 1032): sign 0, biased exponent, mantissa."""
-    exponent = 0
-    while 2.0 ** (exponent + 1) <= value:
-        exponent += 1
-    mantissa_bits, bias = (7, 127) if BF16 else (10, 15)
-    half = ((exponent + bias) << mantissa_bits) | int((value / 2.0 ** exponent - 1.0) * 2 ** mantissa_bits)
-    return f"0x{half:04X}{half:04X}"
-
-
-@triton.constexpr_function
-def _dequantize_asm(num_params, MAGIC_VALUE, R_OFFSET, BF16):
-    """PTX of `dequantize_pairs` ($0 = result, $1 = pairs, $2.. = params) on f16x2 / bf16x2:
-    symmetric (c - (C + 8)) * s with the zero an immediate; integer zeros (c - R) * s; float zeros
-    fma(c - R, s, residual). With R_OFFSET the sub takes R - R_OFFSET, an instruction ptxas computes
-    once per parameter register (every pair of a row reads the same one), not once per pair."""
-    t = "bf16x2" if BF16 else "f16x2"
-    if num_params == 1:
-        return (f"{{ .reg .b32 t, z; mov.b32 z, {_pair_bits(MAGIC_VALUE + 8.0, BF16)}; sub.{t} t, $1, z; "
-                f"mul.rn.{t} $0, t, $2; }}")
-    zero, shift_zero = "$3", ""
-    if R_OFFSET != 0.0:
-        zero, shift_zero = "r", f".reg .b32 r, o; mov.b32 o, {_pair_bits(R_OFFSET, BF16)}; sub.{t} r, $3, o; "
-    apply_scale = f"mul.rn.{t} $0, t, $2;" if num_params == 2 else f"fma.rn.{t} $0, t, $2, $4;"
-    return f"{{ .reg .b32 t; {shift_zero}sub.{t} t, $1, {zero}; {apply_scale} }}"
-
-
-@triton.jit
-def dequantize_pairs(pairs, params, MAGIC_VALUE: tl.constexpr, R_OFFSET: tl.constexpr, XT_DTYPE: tl.constexpr,
-                     USE_ASM: tl.constexpr):
+def dequantize_pairs(pairs, params, MAGIC_VALUE: tl.constexpr, XT_DTYPE: tl.constexpr, USE_ASM: tl.constexpr):
     """Pairs of C + q (uint32) -> pairs of (q - z) * s in XT_DTYPE, two packed instructions per pair.
-    C is MAGIC_VALUE (fp16 1024 or 64, bf16 128). The params' R (below) is C + R_OFFSET + z: R_OFFSET
-    is 960 for the fp16 pairs taken at 64 + q (`nibble_pairs`), whose R - 960 is exact (an integer below
-    2048 made an integer below 128) and computed once per parameter register, not per pair.
 
     Float zeros: params = (s, R, -(C + z - R) * s), each [BLOCK_N, 1], with R = C + z rounded to XT_DTYPE
     (`gemm._load_operand_params`). The weight is fma(c - R, s, residual): c - R is exact and the residual
@@ -137,19 +71,20 @@ def dequantize_pairs(pairs, params, MAGIC_VALUE: tl.constexpr, R_OFFSET: tl.cons
     """
     SYMMETRIC: tl.constexpr = len(params) == 1
     INTEGER_ZERO: tl.constexpr = len(params) == 2
-    BF16: tl.constexpr = XT_DTYPE == tl.bfloat16
+    T: tl.constexpr = "f16x2" if XT_DTYPE == tl.float16 else "bf16x2"
     if USE_ASM and SYMMETRIC:
-        asm: tl.constexpr = _dequantize_asm(1, MAGIC_VALUE, 0.0, BF16)
+        ZERO_PAIR: tl.constexpr = "0x64086408" if XT_DTYPE == tl.float16 else "0x43084308"  # C + 8 in both halves
+        asm: tl.constexpr = f"{{ .reg .b32 t, z; mov.b32 z, {ZERO_PAIR}; sub.{T} t, $1, z; mul.rn.{T} $0, t, $2; }}"
         return tl.inline_asm_elementwise(asm, "=r,r,r", [pairs, params[0]], dtype=tl.uint32, is_pure=True, pack=1)
     elif USE_ASM and INTEGER_ZERO:
-        asm: tl.constexpr = _dequantize_asm(2, MAGIC_VALUE, R_OFFSET, BF16)
+        asm: tl.constexpr = f"{{ .reg .b32 t; sub.{T} t, $1, $3; mul.rn.{T} $0, t, $2; }}"
         return tl.inline_asm_elementwise(asm, "=r,r,r,r", [pairs, params[0], params[1]], dtype=tl.uint32, is_pure=True, pack=1)
     elif USE_ASM:
-        asm: tl.constexpr = _dequantize_asm(3, MAGIC_VALUE, R_OFFSET, BF16)
+        asm: tl.constexpr = f"{{ .reg .b32 t; sub.{T} t, $1, $3; fma.rn.{T} $0, t, $2, $4; }}"
         return tl.inline_asm_elementwise(asm, "=r,r,r,r,r", [pairs, params[0], params[1], params[2]], dtype=tl.uint32,
                                          is_pure=True, pack=1)
     else:
-        shifted_zero = MAGIC_VALUE + 8.0 if SYMMETRIC else params[1] - R_OFFSET
+        shifted_zero = MAGIC_VALUE + 8.0 if SYMMETRIC else params[1]
         residual = params[2] if len(params) == 3 else 0.0
         low = dequantize_half(pairs & 0xFFFF, params[0], shifted_zero, residual, XT_DTYPE)
         high = dequantize_half(pairs >> 16, params[0], shifted_zero, residual, XT_DTYPE)
@@ -205,43 +140,26 @@ def concat_slices(slices, START: tl.constexpr, COUNT: tl.constexpr):
         )
 
 
-@triton.constexpr_function
-def _pair_magic_value(q, MAGIC_VALUE, MAGIC_PAIR_HIGH, MAGIC_VALUE_HIGH):
-    """C of nibble pair q: MAGIC_VALUE_HIGH for odd q when those are taken unshifted (`nibble_pairs`)."""
-    return MAGIC_VALUE_HIGH if (MAGIC_PAIR_HIGH != 0 and q % 2 == 1) else MAGIC_VALUE
-
-
-@triton.constexpr_function
-def _pair_r_offset(q, MAGIC_VALUE, MAGIC_PAIR_HIGH, MAGIC_VALUE_HIGH):
-    """How far the parameters' R = MAGIC_VALUE + z sits above nibble pair q's C + z."""
-    return MAGIC_VALUE - _pair_magic_value(q, MAGIC_VALUE, MAGIC_PAIR_HIGH, MAGIC_VALUE_HIGH)
-
-
 @triton.jit
-def unpack_slices(words, operand_params, MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, MAGIC_PAIR_HIGH: tl.constexpr,
-                   MAGIC_VALUE_HIGH: tl.constexpr, USE_ASM: tl.constexpr, DEQUANTIZE: tl.constexpr, FOLD_SUBS: tl.constexpr,
-                   XT_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+def unpack_slices(words, operand_params, MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr,
+                   DEQUANTIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, XT_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
     """A [BLOCK_N, 16] word tile -> the 8 slices [BLOCK_N, 16] (slice j = rows 16j..16j+15), as a tuple.
 
-    For q = 0..3 `nibble_pairs` turns every word into two 16-bit magic values C + q, the row pair
-    (2p, 2p+1) of slice 4h + q (see layout.py); even word columns (h = 0) hold slices 0..3, odd ones
-    (h = 1) slices 4..7. With DEQUANTIZE the pairs become (q - z) * s (`dequantize_pairs`;
-    operand_params holds one parameter tuple per scale fold, made for C = MAGIC_VALUE). Without
-    DEQUANTIZE MAGIC_PAIR_HIGH must be 0 (every slice C + q).
-    Split, join and reshape only relabel registers.
+    For q = 0..3 one shift and one and-or (`magic_pairs`) turn every word into two 16-bit magic
+    values C + q, the row pair (2p, 2p+1) of slice 4h + q (see layout.py); even word columns (h = 0)
+    hold slices 0..3, odd ones (h = 1) slices 4..7. With DEQUANTIZE the pairs become (q - z) * s
+    (`dequantize_pairs`; operand_params holds one parameter triple per scale fold). Split, join and
+    reshape only relabel registers.
     """
     low_slices = ()
     high_slices = ()
     for q in tl.static_range(4):
-        pairs = nibble_pairs(words, q, MAGIC_PAIR, MAGIC_PAIR_HIGH, USE_ASM)  # [BLOCK_N, 16]: word c = 2p + h
+        pairs = magic_pairs(words, q, MAGIC_PAIR, USE_ASM)  # [BLOCK_N, 16]: word c = 2p + h (words: uint32)
         even, odd = tl.split(tl.reshape(pairs, (BLOCK_N, 8, 2)))
         if DEQUANTIZE:  # slice j = 4h + q belongs to scale fold j // FOLD_SUBS
-            # (the pair's C and R offset as call arguments: a constexpr assigned to a name in this loop
-            # would become a tensor on Triton 3.6)
-            even = dequantize_pairs(even, operand_params[q // FOLD_SUBS], _pair_magic_value(q, MAGIC_VALUE, MAGIC_PAIR_HIGH, MAGIC_VALUE_HIGH),
-                                    _pair_r_offset(q, MAGIC_VALUE, MAGIC_PAIR_HIGH, MAGIC_VALUE_HIGH), XT_DTYPE, USE_ASM)
-            odd = dequantize_pairs(odd, operand_params[(4 + q) // FOLD_SUBS], _pair_magic_value(q, MAGIC_VALUE, MAGIC_PAIR_HIGH, MAGIC_VALUE_HIGH),
-                                   _pair_r_offset(q, MAGIC_VALUE, MAGIC_PAIR_HIGH, MAGIC_VALUE_HIGH), XT_DTYPE, USE_ASM)
+            even = dequantize_pairs(even, operand_params[q // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
+            odd = dequantize_pairs(odd, operand_params[(4 + q) // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
         low_slices = low_slices + (pairs_to_slice(even, XT_DTYPE, BLOCK_N).to(DOT_DTYPE),)
         high_slices = high_slices + (pairs_to_slice(odd, XT_DTYPE, BLOCK_N).to(DOT_DTYPE),)
     return low_slices + high_slices
@@ -249,19 +167,17 @@ def unpack_slices(words, operand_params, MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: 
 
 @triton.jit
 def operand_part(words, params, FIRST: tl.constexpr, COUNT: tl.constexpr, DEQUANTIZE: tl.constexpr, MAGIC_PAIR: tl.constexpr,
-                  MAGIC_VALUE: tl.constexpr, MAGIC_PAIR_HIGH: tl.constexpr, MAGIC_VALUE_HIGH: tl.constexpr, USE_ASM: tl.constexpr,
-                  FOLD_SUBS: tl.constexpr, XT_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+                  MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, FOLD_SUBS: tl.constexpr, XT_DTYPE: tl.constexpr,
+                  DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
     """Slices FIRST .. FIRST + COUNT - 1 of a [BLOCK_N, 16] word tile concatenated along K: one dot operand
     [BLOCK_N, 16 * COUNT] of C + q, or with DEQUANTIZE of (q - z) * s (`unpack_slices` makes all eight
-    slices at once, and says what params and MAGIC_PAIR_HIGH are). Slice j = 4h + q is nibble pair q
-    of the word columns 2p + h."""
+    slices at once). Slice j = 4h + q is nibble pair q of the word columns 2p + h."""
     halves = tl.split(tl.reshape(words, (BLOCK_N, 8, 2)))  # (even word columns: slices 0..3, odd: 4..7)
     slices = ()
     for j in tl.static_range(FIRST, FIRST + COUNT):
-        pairs = nibble_pairs(halves[j // 4], j % 4, MAGIC_PAIR, MAGIC_PAIR_HIGH, USE_ASM)
+        pairs = magic_pairs(halves[j // 4], j % 4, MAGIC_PAIR, USE_ASM)
         if DEQUANTIZE:
-            pairs = dequantize_pairs(pairs, params[j // FOLD_SUBS], _pair_magic_value(j % 4, MAGIC_VALUE, MAGIC_PAIR_HIGH, MAGIC_VALUE_HIGH),
-                                     _pair_r_offset(j % 4, MAGIC_VALUE, MAGIC_PAIR_HIGH, MAGIC_VALUE_HIGH), XT_DTYPE, USE_ASM)
+            pairs = dequantize_pairs(pairs, params[j // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
         slices = slices + (pairs_to_slice(pairs, XT_DTYPE, BLOCK_N).to(DOT_DTYPE),)
     return concat_slices(slices, 0, COUNT)
 

@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .dequant import MAGIC_PAIR, MAGIC_PAIR_HIGH, MAGIC_VALUE, MAGIC_VALUE_HIGH, concat_slices, operand_part, pack_pair, row_of, uint_as_float, unpack_slices
+from .dequant import MAGIC_PAIR, MAGIC_VALUE, concat_slices, operand_part, pack_pair, row_of, uint_as_float, unpack_slices
 from .dispatch import Plan, sm_count
 from .launch import BoundLaunch, PreparedLaunch, current_stream, split_k_scratch, workspace_entry
 from .layout import K_BLOCK, N_TILE, groups_per_block
@@ -145,7 +145,7 @@ def _load_x_rows(x_rows, offs_k, K, m_mask, EVEN_K: tl.constexpr, CACHE: tl.cons
 @triton.jit
 def _chained_part_dots(acc, words, params, x_rows, k_first, K, m_mask, FIRST: tl.constexpr, SLICES: tl.constexpr,
                        PARTS: tl.constexpr, DEQUANTIZE: tl.constexpr, MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr,
-                       MAGIC_PAIR_HIGH: tl.constexpr, MAGIC_VALUE_HIGH: tl.constexpr, USE_ASM: tl.constexpr, FOLD_SUBS: tl.constexpr, XT_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                       USE_ASM: tl.constexpr, FOLD_SUBS: tl.constexpr, XT_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr,
                        BLOCK_N: tl.constexpr, EVEN_K: tl.constexpr):
     """acc + (slices FIRST .. FIRST + SLICES - 1 of the word tile) . x^T[k_first : k_first + 16 * SLICES] as PARTS
     chained dots (DOT_PARTS), each part's operand built right before its dot: ptxas can then unpack part p + 1
@@ -153,8 +153,7 @@ def _chained_part_dots(acc, words, params, x_rows, k_first, K, m_mask, FIRST: tl
     PART_SLICES: tl.constexpr = SLICES // PARTS
     offs_k = tl.arange(0, 16 * PART_SLICES)
     for p in tl.static_range(PARTS):
-        a = operand_part(words, params, FIRST + p * PART_SLICES, PART_SLICES, DEQUANTIZE, MAGIC_PAIR, MAGIC_VALUE, MAGIC_PAIR_HIGH,
-                          MAGIC_VALUE_HIGH, USE_ASM,
+        a = operand_part(words, params, FIRST + p * PART_SLICES, PART_SLICES, DEQUANTIZE, MAGIC_PAIR, MAGIC_VALUE, USE_ASM,
                           FOLD_SUBS, XT_DTYPE, DOT_DTYPE, BLOCK_N)
         xt = _load_x_rows(x_rows, k_first + p * 16 * PART_SLICES + offs_k, K, m_mask, EVEN_K, "", True)
         acc = tl.dot(a, xt.to(DOT_DTYPE), acc, out_dtype=tl.float32)
@@ -258,9 +257,9 @@ def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_m
 def _tile_accumulate(
     x_ptr, qw_ptr, s_ptr, z_ptr, tile_n, tile_m, block_start, block_end, M, N, K, num_groups, stride_xm,
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
-    MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, MAGIC_PAIR_HIGH: tl.constexpr, MAGIC_VALUE_HIGH: tl.constexpr,
-    USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
-    ONE_TOKEN: tl.constexpr, PER_CHANNEL: tl.constexpr, DOT_PARTS: tl.constexpr,
+    MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, ONE_TOKEN: tl.constexpr,
+    PER_CHANNEL: tl.constexpr, DOT_PARTS: tl.constexpr,
 ):
     """The fp32 y^T tile (tile_n, tile_m) [BLOCK_N, BLOCK_M] summed over the 128-row blocks
     [block_start, block_end) of K, with its offsets and masks: the loop both tensor-core kernels run.
@@ -309,13 +308,12 @@ def _tile_accumulate(
             # DOT_PARTS = 1 keeps the all-slices-first form here and below: the shipped entries were timed
             # with its sm_90 schedule (through _chained_part_dots five of them schedule differently, NOTES v10)
             if DOT_PARTS == 1:
-                weights = unpack_slices(words, params, MAGIC_PAIR, MAGIC_VALUE, MAGIC_PAIR_HIGH, MAGIC_VALUE_HIGH, USE_ASM, True,
-                                        FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
+                weights = unpack_slices(words, params, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, True, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
                 xt = _load_x_rows(x_rows, block * 128 + offs_xk, K, m_mask, EVEN_K, "", True)
                 acc = tl.dot(concat_slices(weights, 0, 8), xt.to(DOT_DTYPE), acc, out_dtype=tl.float32)
             else:
                 acc = _chained_part_dots(acc, words, params, x_rows, block * 128, K, m_mask, 0, 8, DOT_PARTS, True, MAGIC_PAIR,
-                                         MAGIC_VALUE, MAGIC_PAIR_HIGH, MAGIC_VALUE_HIGH, USE_ASM, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N, EVEN_K)
+                                         MAGIC_VALUE, USE_ASM, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N, EVEN_K)
         elif PER_CHANNEL:
             # One group spans K: chain the raw dots (nothing between the MMAs, as with SCALE_IN_OPERAND)
             # and the x sums over the blocks; the fold runs once, after the loop.
@@ -323,21 +321,19 @@ def _tile_accumulate(
             side = _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block + 1, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
                                      n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN)
             if DOT_PARTS == 1:
-                slices = unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, 0, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, xt_dtype, DOT_DTYPE,
-                                       BLOCK_N)
+                slices = unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
                 xt = _load_x_rows(x_rows, block * 128 + offs_xk, K, m_mask, EVEN_K, "", True)
                 raw = tl.dot(concat_slices(slices, 0, 8), xt.to(DOT_DTYPE), raw, out_dtype=tl.float32)
             else:
                 raw = _chained_part_dots(raw, words, (), x_rows, block * 128, K, m_mask, 0, 8, DOT_PARTS, False, MAGIC_PAIR,
-                                         MAGIC_VALUE, 0, MAGIC_VALUE, USE_ASM, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N, EVEN_K)
+                                         MAGIC_VALUE, USE_ASM, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N, EVEN_K)
             xsum_total += tl.sum(x_again.to(tl.float32), axis=0)
         else:
             x_again, scales, shifted_zeros = side
             side = _load_fold_inputs(x_rows, x_first, s_ptr, z_ptr, block + 1, block_end, K, N, num_groups, GROUP_SIZE, offs_n,
                                      n_mask, m_mask, offs_xk, FOLD_SUBS, MAGIC_VALUE, SYMMETRIC, EVEN_K, ONE_TOKEN)
             if DOT_PARTS == 1:
-                slices = unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, 0, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, xt_dtype, DOT_DTYPE,
-                                       BLOCK_N)
+                slices = unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N)
             for f in tl.static_range(8 // FOLD_SUBS):
                 k0 = block * 128 + f * FOLD_ROWS
                 if DOT_PARTS == 1:
@@ -346,7 +342,7 @@ def _tile_accumulate(
                     part = tl.dot(a, xt.to(DOT_DTYPE), out_dtype=tl.float32)
                 else:
                     part = _chained_part_dots(tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), words, (), x_rows, k0, K, m_mask,
-                                              f * FOLD_SUBS, FOLD_SUBS, FOLD_PARTS, False, MAGIC_PAIR, MAGIC_VALUE, 0, MAGIC_VALUE, USE_ASM,
+                                              f * FOLD_SUBS, FOLD_SUBS, FOLD_PARTS, False, MAGIC_PAIR, MAGIC_VALUE, USE_ASM,
                                               FOLD_SUBS, xt_dtype, DOT_DTYPE, BLOCK_N, EVEN_K)
                 xsum = tl.sum(x_again[f].to(tl.float32), axis=0)  # [BLOCK_M], or a scalar with ONE_TOKEN
                 if not ONE_TOKEN:
@@ -372,9 +368,7 @@ def _w4a16_tc_kernel(
     GROUP_SIZE: tl.constexpr,
     FOLD_SUBS: tl.constexpr,  # 16-row slices per scale fold: min(G, 128) / 16 (8 for per-channel)
     SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
-    MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr,
-    MAGIC_PAIR_HIGH: tl.constexpr, MAGIC_VALUE_HIGH: tl.constexpr,  # 0 / C: every nibble pair C + q (see dequant.py)
-    USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K, IS_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     ONE_TOKEN: tl.constexpr,  # M == 1: the fold's x sums from one row (see _tile_accumulate)
     PER_CHANNEL: tl.constexpr,  # G == K: fold once after the loop (see _tile_accumulate)
@@ -415,8 +409,7 @@ def _w4a16_tc_kernel(
     block_start, block_end = _split_range(tl.cdiv(K, 128), SPLIT_K)
     acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
         x_ptr, qw_ptr, s_ptr, z_ptr, tl.program_id(0), tl.program_id(1), block_start, block_end, M, N, K,
-        num_groups, stride_xm, GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, MAGIC_PAIR_HIGH, MAGIC_VALUE_HIGH, USE_ASM,
-        DOT_DTYPE, BLOCK_N,
+        num_groups, stride_xm, GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N,
         BLOCK_M, EVEN_K, ONE_TOKEN, PER_CHANNEL, DOT_PARTS,
     )
     _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
@@ -427,9 +420,9 @@ def _w4a16_streamk_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr,
     M, N, K, num_groups, stride_xm, stride_ym,
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
-    MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, MAGIC_PAIR_HIGH: tl.constexpr, MAGIC_VALUE_HIGH: tl.constexpr,
-    USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
-    ONE_TOKEN: tl.constexpr, PER_CHANNEL: tl.constexpr, DOT_PARTS: tl.constexpr, WAIT_PRIOR: tl.constexpr,
+    MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, ONE_TOKEN: tl.constexpr,
+    PER_CHANNEL: tl.constexpr, DOT_PARTS: tl.constexpr, WAIT_PRIOR: tl.constexpr,
 ):
     """Stream-K form of `_w4a16_tc_kernel`: a persistent grid (P,) shares the work evenly.
 
@@ -460,8 +453,7 @@ def _w4a16_streamk_kernel(
         block_end = tl.minimum(kb, block_start + (end - unit))
         acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
             x_ptr, qw_ptr, s_ptr, z_ptr, tile % tiles_n, tile // tiles_n, block_start, block_end, M, N, K,
-            num_groups, stride_xm, GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, MAGIC_PAIR_HIGH, MAGIC_VALUE_HIGH, USE_ASM,
-        DOT_DTYPE, BLOCK_N,
+            num_groups, stride_xm, GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N,
             BLOCK_M, EVEN_K, ONE_TOKEN, PER_CHANNEL, DOT_PARTS,
         )
         y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
@@ -574,7 +566,7 @@ def _dequantize_kernel(
     num_groups = K // group_size
     w_dtype = w_ptr.dtype.element_ty
     words = tl.load(_weight_words_ptrs(qw_ptr, offs_n, K) + block * _TILE_WORDS, mask=n_mask[:, None], other=0).to(tl.uint32, bitcast=True)
-    slices = unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, 0, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, w_dtype, w_dtype, BLOCK_N)
+    slices = unpack_slices(words, (), MAGIC_PAIR, MAGIC_VALUE, USE_ASM, False, FOLD_SUBS, w_dtype, w_dtype, BLOCK_N)
     FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
     for f in tl.static_range(8 // FOLD_SUBS):
         k0 = block * 128 + f * FOLD_ROWS
@@ -711,18 +703,13 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
 
     if plan.path == "gemv":
         return prepared(_w4a16_gemv_kernel, dict(constexprs, IS_SPLIT=split_k > 1), dict(group_size=group_size, SPLIT_K=split_k))
-    scale_in_operand = cfg.get("SCALE_IN_OPERAND", False)
     tensor_core = dict(
-        constexprs, GROUP_SIZE=group_size, SCALE_IN_OPERAND=scale_in_operand,
+        constexprs, GROUP_SIZE=group_size, SCALE_IN_OPERAND=cfg.get("SCALE_IN_OPERAND", False),
         MAGIC_PAIR=MAGIC_PAIR[dtype], MAGIC_VALUE=MAGIC_VALUE[dtype], USE_ASM=_use_asm(device_type),
-        # fp16 operands dequantized in registers take the odd nibble pairs unshifted (dequant.py); the
-        # fold needs one C for every slice of a dot
-        MAGIC_PAIR_HIGH=MAGIC_PAIR_HIGH.get(dtype, 0) if scale_in_operand else 0,
-        MAGIC_VALUE_HIGH=MAGIC_VALUE_HIGH.get(dtype, 0.0) if scale_in_operand else MAGIC_VALUE[dtype],
         # Triton's CPU interpreter multiplies bf16 dot operands as raw bits: give it fp32 (exact
         # for C + q and for bf16 activations); the GPU always runs the bf16 MMA.
         DOT_DTYPE=tl.float32 if (device_type == "cpu" and dtype == torch.bfloat16) else _TL_DTYPE[dtype],
-        ONE_TOKEN=one_token and not scale_in_operand,  # only the fold sums x
+        ONE_TOKEN=one_token and not cfg.get("SCALE_IN_OPERAND", False),  # only the fold sums x
         PER_CHANNEL=group_size == in_features,  # one group: the fold runs once per tile, after the loop
         DOT_PARTS=dot_parts,
         WAIT_PRIOR=after_gather,
