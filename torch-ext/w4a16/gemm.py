@@ -51,7 +51,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .dequant import MAGIC_PAIR, MAGIC_VALUE, concat_slices, operand_part, pack_pair, row_of, uint_as_float, unpack_slices
 from .dispatch import Plan, sm_count
-from .launch import BoundLaunch, PreparedLaunch, current_stream, split_k_scratch, workspace_entry
+from .launch import COMPILE_OPTIONS, BoundLaunch, PreparedLaunch, current_stream, split_k_scratch, workspace_entry
 from .layout import K_BLOCK, N_TILE, groups_per_block
 
 __all__ = ["launch_gemm", "launch_gemm_kept", "RepeatGemm", "dequantize_native", "gather_columns"]
@@ -822,6 +822,7 @@ def dequantize_native(qweight, scales, zeros, in_features: int, group_size: int,
         qweight, scales, scales if zeros is None else zeros, w, n, in_features, group_size,
         FOLD_SUBS=_fold_subs(group_size, in_features), SYMMETRIC=zeros is None,
         MAGIC_PAIR=MAGIC_PAIR[dtype], MAGIC_VALUE=MAGIC_VALUE[dtype], USE_ASM=_use_asm(qweight.device.type), BLOCK_N=block_n,
+        **COMPILE_OPTIONS,
     )
     return w
 

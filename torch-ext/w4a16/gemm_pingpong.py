@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .launch import current_stream, split_k_scratch
+from .launch import COMPILE_OPTIONS, current_stream, split_k_scratch
 from .layout import K_BLOCK, groups_per_block
 
 try:  # Gluon is experimental: absent before Triton 3.5, and its names move between releases
@@ -404,7 +404,7 @@ def _pingpong_launch(plan, in_features: int, group_size: int, symmetric: bool) -
             raise ValueError(f"config PROGRAMS must be a positive int (a persistent grid) and then SPLIT_K 1, got {cfg!r}")
         constexprs = dict(BLOCK_M=cfg.get("BLOCK_M", 128), STAGES=cfg.get("num_stages", 4), SYMMETRIC=symmetric,
                           GROUPS=groups_per_block(group_size, in_features), CONSUMERS=consumers)
-        options = {"num_warps": 4, **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {})}
+        options = {**COMPILE_OPTIONS, "num_warps": 4, **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {})}
         prepared = plan.launches[key] = _PingpongLaunch(constexprs["BLOCK_M"], cfg.get("SPLIT_K", 1), programs, consumers,
                                                         constexprs, options)
     return prepared
@@ -461,4 +461,5 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, sta
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in ("qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr", "N", "K")}
     source = GluonASTSource(_pingpong_kernel, signature, {(names.index(k),): v for k, v in constexprs.items()}, attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **({"maxnreg": maxnreg} if maxnreg else {})})
+    options = {**COMPILE_OPTIONS, "num_warps": 4, **({"maxnreg": maxnreg} if maxnreg else {})}
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)

@@ -15,8 +15,13 @@ from __future__ import annotations
 import torch
 import triton
 
-__all__ = ["COUNTER_SLOT", "split_k_scratch", "workspace_entry", "current_stream", "PreparedLaunch", "BoundLaunch"]
+__all__ = ["COMPILE_OPTIONS", "COUNTER_SLOT", "split_k_scratch", "workspace_entry", "current_stream", "PreparedLaunch", "BoundLaunch"]
 
+
+# Compile options every kernel of the package is built with, stated rather than left to Triton's defaults:
+# FMA contraction on (the fold's `acc += s * part` as one FFMA, and ptxas's fmad). Triton 3.9 still defaults to it
+# but warns that 3.10 will not (TRITON_DEFAULT_FP_FUSION); 3.6 takes the same value by default.
+COMPILE_OPTIONS = {"enable_fp_fusion": True}
 
 COUNTER_SLOT = 16384  # split-K tiles per stream (N / BLOCK_N * M / BLOCK_M; 57344 / 64 * 4 = 3584)
 _SCRATCH_STREAMS = 16  # streams per device with cached scratch (counter slot + workspace)
@@ -93,7 +98,7 @@ class PreparedLaunch:
     """
 
     def __init__(self, kernel, constexprs: dict, options: dict, tensor_names: tuple, int_names: tuple):
-        self.kernel, self.constexprs, self.options = kernel, constexprs, options
+        self.kernel, self.constexprs, self.options = kernel, constexprs, {**COMPILE_OPTIONS, **options}
         self.tensor_names, self.int_names = tensor_names, int_names
         names = list(kernel.arg_names)
         self._template = [constexprs.get(name) for name in names]  # constexpr slots filled once
