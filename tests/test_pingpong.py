@@ -36,6 +36,7 @@ def test_pingpong_compiles_for_sm90(w4a16, dtype, symmetric, zeros_dtype, block_
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx  # tensor cores fed by TMA
     assert "setmaxnreg" in ptx  # the partitions got their register budgets
     assert ("atom." in ptx) == shared_tiles  # the shared-tile reduction (arrival counters) only where tiles are shared
+    assert compiled.metadata.enable_fp_fusion  # launch.COMPILE_OPTIONS reached the compiler (not Triton's default)
 
 
 def test_runnable_row_falls_back_where_pingpong_cannot_run(w4a16):

@@ -1,6 +1,8 @@
 """Launch plumbing for the Triton kernels of gemm.py: per-stream split-K scratch and a repeat-launch
 fast path. No kernels here; nothing here changes what a kernel computes.
 
+- `COMPILE_OPTIONS`: the compile options every kernel is built with, stated, so that a Triton release that
+  changes a default does not change the code a kernel compiles to.
 - `split_k_scratch`: the fp32 partial-sum workspace and the zeroed arrival counters a split-K launch
   needs, cached per (device, stream) so that a call allocates nothing and runs no memset.
 - `PreparedLaunch`: a kernel with its constexprs and options fixed once; a call launches it with
