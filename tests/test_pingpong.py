@@ -50,6 +50,20 @@ def test_runnable_row_falls_back_where_pingpong_cannot_run(w4a16):
     assert runnable_row({**row, "FALLBACK": None}, False) is None
 
 
+def test_dispatcher_plans_the_fallback_of_a_pingpong_entry(w4a16, monkeypatch):
+    """The H200 table's pingpong entry for 6144 x 4096 at M = 256, planned for a device where the Gluon kernel cannot
+    run (here a CPU device named as an H200): the plan is the entry's FALLBACK, and its source says so."""
+    dispatch = w4a16.dispatch
+    _, table, by_format, _ = dispatch.load_tuned_table("NVIDIA H200")
+    row = dispatch.tuned_row(table, by_format, 256, 6144, 4096, dispatch.format_key(torch.float16, 128, False, False))
+    assert row["path"] == "pingpong" and "FALLBACK" in row
+    monkeypatch.setattr(dispatch, "_device_info", lambda device: ("NVIDIA H200", 132))
+    plan = dispatch._plan_cached.__wrapped__(256, 6144, 4096, 128, torch.float16, torch.device("cpu"), False, False)
+    fallback = row["FALLBACK"]
+    assert plan.path == fallback["path"] and plan.source.endswith("(FALLBACK of a pingpong entry)")
+    assert plan.config == {key: fallback[key] for key in dispatch.CONFIG_KEYS if key in fallback}
+
+
 def test_shipped_pingpong_entries_carry_a_runnable_fallback(w4a16):
     dispatch = w4a16.dispatch
     entries = [e for e in json.loads(TABLE.read_text())["entries"] if e["path"] == "pingpong"]

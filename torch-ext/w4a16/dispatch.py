@@ -229,16 +229,13 @@ def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, d
     if tuned is not None:
         file, table, by_format, table_sm_count = tuned
         row = tuned_row(table, by_format, mb, n, k, format_key(dtype, group_size, symmetric, act_order))
-        source = f"tuned:{file}"
-        if row is not None:
-            runnable = runnable_row(row, pingpong_available(device))
-            source += "" if runnable is row else " (FALLBACK of a pingpong entry)"
-            row = runnable
-        if row is not None:
-            cfg = {key: row[key] for key in CONFIG_KEYS if key in row}
+        runnable = None if row is None else runnable_row(row, pingpong_available(device))
+        if runnable is not None:
+            cfg = {key: runnable[key] for key in CONFIG_KEYS if key in runnable}
             if "PROGRAMS" in cfg:
                 cfg["PROGRAMS"] = programs_for_device(cfg["PROGRAMS"], table_sm_count, sm_count)
-            plan = _applicable(Plan(row["path"], cfg, source), act_order, device)
+            source = f"tuned:{file}" + ("" if runnable is row else " (FALLBACK of a pingpong entry)")
+            plan = _applicable(Plan(runnable["path"], cfg, source), act_order, device)
         else:
             plan = _heuristic(mb, n, k, sm_count)
     else:

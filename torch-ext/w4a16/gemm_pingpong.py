@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from .dequant import MAGIC_PAIR, MAGIC_VALUE
 from .launch import COMPILE_OPTIONS, current_stream, split_k_scratch
 from .layout import K_BLOCK, groups_per_block
 
@@ -65,6 +66,9 @@ except ImportError:  # pragma: no cover - exercised only with an old Triton
 __all__ = ["HAVE_GLUON", "available", "launch_pingpong", "compile_for_sm90"]
 
 _CONSUMER_REGS = triton.language.constexpr(232)  # registers per consumer thread (setmaxnreg); the loader warp keeps 24
+# the magic-number unpack's constants (dequant.py) as values a Gluon kernel can read: fp16 / bf16
+_MAGIC_PAIRS = triton.language.constexpr((MAGIC_PAIR[torch.float16], MAGIC_PAIR[torch.bfloat16]))
+_MAGIC_VALUES = triton.language.constexpr((MAGIC_VALUE[torch.float16], MAGIC_VALUE[torch.bfloat16]))
 
 
 @functools.lru_cache(maxsize=None)
@@ -198,8 +202,8 @@ if HAVE_GLUON:
         scale / zero) loaded two blocks ahead into registers, unpacked into the A operands, two wgmma (K = 64
         each) against x's stage, wait, release the stage. ring_start: the ring position of block_start."""
         dtype: gl.constexpr = x_smem.dtype
-        MAGIC: gl.constexpr = 0x64006400 if dtype == gl.float16 else 0x43004300
-        MAGIC_VALUE: gl.constexpr = 1024.0 if dtype == gl.float16 else 128.0
+        MAGIC: gl.constexpr = _MAGIC_PAIRS[0] if dtype == gl.float16 else _MAGIC_PAIRS[1]
+        MAGIC_VALUE: gl.constexpr = _MAGIC_VALUES[0] if dtype == gl.float16 else _MAGIC_VALUES[1]
         PAIR: gl.constexpr = "f16x2" if dtype == gl.float16 else "bf16x2"
         # blocks block_start and block_start + 1 in flight before the loop; each iteration fetches the one two ahead
         # (clamped to the segment's last block: the tail re-reads it instead of reading past the range)
