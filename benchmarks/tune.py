@@ -124,7 +124,8 @@ def around_plan(kernel, plan, m: int, act_order: bool = False, n: int = 0, k: in
     """`--around-plan`: the dispatcher's current plan for the call as it is, then with one option changed
     at a time (tensor-core plans): DOT_PARTS set to each other value of 1, 2, 4, 8, at M = 1 (fold
     plans) ONE_TOKEN flipped, for act-order GATHER_PDL flipped (the GEMM launched as a programmatic
-    dependent of the gather of x), and for uncapped 4-warp scale-in-operand plans the register cap that
+    dependent of the gather of x), for scale-in-operand plans STREAM_PARAMS flipped (s / z streamed as
+    32-bit words), and for uncapped 4-warp scale-in-operand plans the register cap that
     fits four CTAs per SM (`four_ctas_per_sm`). Decides the options in a few timings where a full search
     would take minutes per shape."""
     config = dict(plan.config)
@@ -138,6 +139,8 @@ def around_plan(kernel, plan, m: int, act_order: bool = False, n: int = 0, k: in
         yield plan.path, _with_option(config, "ONE_TOKEN", not config.get("ONE_TOKEN", False), default=False)
     if act_order:
         yield plan.path, _with_option(config, "GATHER_PDL", not config.get("GATHER_PDL", False), default=False)
+    if config.get("SCALE_IN_OPERAND", False):
+        yield plan.path, _with_option(config, "STREAM_PARAMS", not config.get("STREAM_PARAMS", False), default=False)
     if n and k and sm_count:
         yield from ((plan.path, c) for c in four_ctas_per_sm(plan.path, config, m, n, k, sm_count, regs_per_sm))
 
@@ -232,7 +235,7 @@ def main() -> None:
     ap.add_argument("--paths", default="", help="comma list: time only candidates of these paths (the current plan is timed first in any case)")
     ap.add_argument("--around-plan", action="store_true",
                     help="time only the current plan and the same with one option changed (DOT_PARTS; ONE_TOKEN at M = 1; "
-                         "GATHER_PDL for act-order; the four-CTA register cap for 4-warp scale-in-operand plans)")
+                         "GATHER_PDL for act-order; STREAM_PARAMS and the four-CTA register cap for scale-in-operand plans)")
     ap.add_argument("--incumbents-only", action="store_true",
                     help="time only the current plan, the neighbouring M buckets' plans and (a format other than the base) "
                          "the base format's plan for the same shape and M: a cheap check of stale entries")

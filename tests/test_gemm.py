@@ -247,6 +247,67 @@ def test_triton_paths_fractional_zeros(w4a16, device, path, dtype):
     assert_path_matches_reference(w4a16, weight, ref, path, dtype, device, (1, 16, 33), seed=10)
 
 
+@pytest.mark.parametrize("path", ["splitk", "streamk", "tiled"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("zeros_kind", ["integer", "fractional", "symmetric", "fp32 scales"])
+def test_stream_params(w4a16, device, path, dtype, zeros_kind):
+    """STREAM_PARAMS (scale in operand, s / z read as the 32-bit words holding them; on NVIDIA GPUs by prmt for
+    integer and symmetric zeros with scales in x's dtype): every zero form and scale dtype against the float64
+    reference, and bit for bit the result without the option (the same values reach the same arithmetic).
+    N = 44 puts rows of a word in different tiles' columns and a group's last word half past N."""
+    if not triton_available(device):
+        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
+    weight, ref = random_layer(w4a16, 384, 44, 64, zeros_kind == "symmetric", dtype, device, seed=21,
+                               fractional_zeros=zeros_kind == "fractional")
+    if zeros_kind == "fp32 scales":
+        weight = dataclasses.replace(weight, scales=weight.scales.float())
+    assert (weight.zeros is None) == (zeros_kind == "symmetric")
+    assert weight.zeros is None or (weight.zeros.dtype == torch.uint8) == (zeros_kind in ("integer", "fp32 scales"))
+    config = {"SCALE_IN_OPERAND": True, "BLOCK_N": 64, "BLOCK_M": 16, "num_stages": 3}
+    config = {**config, **({"SPLIT_K": 2} if path == "splitk" else {"PROGRAMS": 3} if path == "streamk" else {})}
+    gen = torch.Generator().manual_seed(22)
+    for m in (1, 3, 17):
+        x = torch.randn(m, 384, generator=gen).to(device=device, dtype=dtype)
+        streamed = run_and_check(w4a16, weight, ref, x, (path, {**config, "STREAM_PARAMS": True}))
+        assert streamed < TOL[dtype], f"{path} {zeros_kind} M={m}: relative error {streamed:.2e}"
+        args = (x, weight.qweight, weight.scales, weight.zeros, weight.perm, 384, weight.group_size)
+        plain = w4a16.matmul.w4a16_matmul(*args, path=path, config=config)
+        assert torch.equal(w4a16.matmul.w4a16_matmul(*args, path=path, config={**config, "STREAM_PARAMS": True}), plain)
+        assert streamed_launch(w4a16, weight, x, path, {**config, "STREAM_PARAMS": True})  # the option reached the kernel
+
+
+def streamed_launch(w4a16, weight, x, path, config) -> bool:
+    """Whether the kernel a call of this forced plan launches was compiled with STREAM_PARAMS."""
+    plan = w4a16.dispatch.plan_gemm(x.shape[0], weight.out_features, weight.in_features, weight.group_size, x.dtype, x.device,
+                                    path=path, config=config)
+    run = w4a16.gemm._launch_arguments(x, weight.qweight, weight.scales, weight.zeros, weight.in_features, weight.group_size,
+                                       plan, None, 0, x.device.type)[0]
+    return run.kernel.constexprs["STREAM_PARAMS"]
+
+
+def test_stream_params_falls_back_where_words_do_not_line_up(w4a16, device):
+    """STREAM_PARAMS needs N a multiple of 4 and 4-byte aligned scales / zeros: elsewhere the plan runs without
+    it (still correct), and a value that is not a bool is refused by name."""
+    if not triton_available(device):
+        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
+    gemm = w4a16.gemm
+    config = {"SCALE_IN_OPERAND": True, "BLOCK_N": 64, "BLOCK_M": 16, "SPLIT_K": 2, "STREAM_PARAMS": True}
+    weight, ref = random_layer(w4a16, 256, 42, 128, False, torch.float16, device, seed=23)  # N = 42: 2 mod 4
+    x = torch.randn(3, 256, device=device).to(torch.float16)
+    assert not streamed_launch(w4a16, weight, x, "splitk", config)
+    assert run_and_check(w4a16, weight, ref, x, ("splitk", config)) < TOL[torch.float16]
+    weight, ref = random_layer(w4a16, 256, 40, 128, False, torch.float16, device, seed=24)
+    assert streamed_launch(w4a16, weight, x, "splitk", config)
+    shifted = torch.empty(weight.scales.numel() + 1, dtype=weight.scales.dtype, device=device)[1:].view(weight.scales.shape)
+    shifted.copy_(weight.scales)  # contiguous, 2 bytes off a word boundary
+    assert shifted.data_ptr() % 4 == 2
+    weight = dataclasses.replace(weight, scales=shifted)
+    assert not streamed_launch(w4a16, weight, x, "splitk", config)
+    assert run_and_check(w4a16, weight, ref, x, ("splitk", config)) < TOL[torch.float16]
+    with pytest.raises(ValueError, match="STREAM_PARAMS must be True or False"):
+        gemm._streams_params({**config, "STREAM_PARAMS": 1}, 40, weight.scales, weight.zeros)
+
+
 @pytest.mark.kernels_ci
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_auto_path_and_leading_dims(w4a16, device, dtype):

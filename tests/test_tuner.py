@@ -65,8 +65,9 @@ def test_stream_k_register_cap_fits_its_programs(regs_per_sm):
 @pytest.mark.parametrize("m", [1, 16, 128])
 def test_around_plan_toggles_only_the_options(w4a16, m, act_order):
     """`tune.py --around-plan`: the plan's own configuration first, then (tensor-core plans) the same with
-    DOT_PARTS set to each other value, at M = 1 on fold plans ONE_TOKEN flipped and for act-order
-    GATHER_PDL flipped: one option changed per candidate, each a configuration the package accepts."""
+    DOT_PARTS set to each other value, at M = 1 on fold plans ONE_TOKEN flipped, for act-order GATHER_PDL
+    flipped and on scale-in-operand plans STREAM_PARAMS flipped: one option changed per candidate, each a
+    configuration the package accepts."""
     tune = _tune_module()
     dispatch = w4a16.dispatch
     cpu = torch.device("cpu")
@@ -80,11 +81,12 @@ def test_around_plan_toggles_only_the_options(w4a16, m, act_order):
         assert pairs[0] == (path, plan.config)
         tensor_core = path in dispatch.TENSOR_CORE_PATHS
         fold = tensor_core and not plan.config.get("SCALE_IN_OPERAND", False)
-        assert len(pairs) == 1 + tensor_core * (3 + (m == 1 and fold) + act_order), pairs
+        assert len(pairs) == 1 + tensor_core * (3 + (m == 1 and fold) + act_order + (not fold)), pairs
         if tensor_core:
             assert sorted(c.get("DOT_PARTS", 1) for _, c in pairs[:4]) == [1, 2, 4, 8]
         assert any(c.get("GATHER_PDL") for _, c in pairs) == (tensor_core and act_order)
-        defaults = {"ONE_TOKEN": False, "DOT_PARTS": 1, "GATHER_PDL": False}  # what a config without the key means
+        assert any(c.get("STREAM_PARAMS") for _, c in pairs) == (tensor_core and not fold)
+        defaults = {"ONE_TOKEN": False, "DOT_PARTS": 1, "GATHER_PDL": False, "STREAM_PARAMS": False}  # a config without the key
         for p, c in pairs[1:]:
             assert p == path
             assert {k: v for k, v in c.items() if k not in defaults} == {k: v for k, v in plan.config.items() if k not in defaults}

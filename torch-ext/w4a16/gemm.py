@@ -35,6 +35,12 @@ Kernels:
   row from M = 64); `_gather_rows_staged_kernel` from M = 128 (K <= 16384): each row read whole and permuted
   in shared memory. On sm_90+ the GEMM may follow the gather as a programmatic dependent (tuned option GATHER_PDL).
 
+Scales and zeros of the scale-in-operand loop: plain loads one block ahead (their [BLOCK_N] vectors then cross
+shared memory into the operand's register layout, block-wide barriers each block), or with the tuned option
+STREAM_PARAMS loaded for each block as the 32-bit words holding them, which Triton's pipeliner streams with the
+weights and reads back in that layout (`_load_elements`; needs N % 4 == 0 and 4-byte aligned scales / zeros,
+else the plan runs without it).
+
 Split-K reduction: each split writes its fp32 partial tile to a workspace; a per-tile arrival counter
 (atomic) elects the last split, which sums the partials in split order (deterministic) and writes y,
 then resets the counter to zero (so `launch.split_k_scratch` can hand the same counters to the next call).
@@ -67,21 +73,80 @@ _TILE_WORDS = tl.constexpr(N_TILE * K_BLOCK // 8)  # words per (tile, K block): 
 
 
 @triton.jit
-def _load_group_params(s_ptr, z_ptr, g, num_groups, offs_n, n_mask, N, MAGIC_VALUE: tl.constexpr, SYMMETRIC: tl.constexpr):
+def _load_elements(ptr, index, mask, other, BY_WORDS: tl.constexpr):
+    """ptr[index] (`other` where masked off; by words: 0). BY_WORDS: each element read as the aligned 32-bit word
+    that holds it, its bits then shifted out (ptr 4-byte aligned; `index` >= 0). Why: Triton's software
+    pipeliner streams a load of 32-bit elements with asynchronous copies and reads it back from shared memory
+    straight in the register layout its user wants, but leaves a vector of 8- or 16-bit elements (a [BLOCK_N]
+    of scales or zeros) a plain load whose layout conversion costs shared-memory round trips and block-wide
+    barriers every block (NOTES v22)."""
+    if BY_WORDS:
+        T: tl.constexpr = ptr.dtype.element_ty
+        BITS: tl.constexpr = T.primitive_bitwidth
+        words = tl.load(ptr.to(tl.pointer_type(tl.uint32), bitcast=True) + index // (32 // BITS), mask=mask, other=0)
+        if BITS == 8:
+            return (words >> ((index % 4) * 8).to(tl.uint32)).to(tl.uint8).to(T, bitcast=True)
+        elif BITS == 16:
+            return (words >> ((index % 2) * 16).to(tl.uint32)).to(tl.uint16).to(T, bitcast=True)
+        else:
+            return words.to(T, bitcast=True)
+    return tl.load(ptr + index, mask=mask, other=other)
+
+
+@triton.jit
+def _load_group_params(s_ptr, z_ptr, g, num_groups, offs_n, n_mask, N, MAGIC_VALUE: tl.constexpr, SYMMETRIC: tl.constexpr,
+                       BY_WORDS: tl.constexpr = False):
     """Scale s and shifted zero (z + MAGIC_VALUE) of group(s) g for columns offs_n, as fp32 in the
     broadcast shape of g and offs_n ([BLOCK_N] for a scalar g; the GEMV passes [1, 16, 1] groups).
+    BY_WORDS: loaded as 32-bit words (`_load_elements`; N a multiple of 4, s / z 4-byte aligned).
 
     Groups past the end (padding rows of the last 128-row block) get s = 0, so they add nothing.
     """
     valid = n_mask & ((offs_n * 0 + g) < num_groups)
-    s = tl.load(s_ptr + g * N + offs_n, mask=valid, other=0.0).to(tl.float32)
+    # (group g's row pointer first, then the columns: the address arithmetic the shipped plans were timed with)
+    s = _load_elements(s_ptr + g * N, offs_n, valid, 0.0, BY_WORDS).to(tl.float32)
     if SYMMETRIC:
         zz = tl.zeros_like(s) + (8.0 + MAGIC_VALUE)
     elif z_ptr.dtype.element_ty == tl.uint8:  # integer zeros (layout.py)
-        zz = uint_as_float(tl.load(z_ptr + g * N + offs_n, mask=valid, other=0).to(tl.uint32), MAGIC_VALUE)
+        zz = uint_as_float(_load_elements(z_ptr + g * N, offs_n, valid, 0, BY_WORDS).to(tl.uint32), MAGIC_VALUE)
     else:
-        zz = tl.load(z_ptr + g * N + offs_n, mask=valid, other=0.0).to(tl.float32) + MAGIC_VALUE
+        zz = _load_elements(z_ptr + g * N, offs_n, valid, 0.0, BY_WORDS).to(tl.float32) + MAGIC_VALUE
     return s, zz
+
+
+@triton.jit
+def _param_words(s_ptr, z_ptr, offs_n):
+    """The loop-invariant half of `_word_pairs_by_prmt`: pointers to the 32-bit words of group 0 that hold rows
+    offs_n's scale (two per word) and zero (four per word), and the prmt selectors that pick each row's half /
+    byte out of them."""
+    s_words = s_ptr.to(tl.pointer_type(tl.uint32), bitcast=True) + (offs_n >> 1)
+    z_words = z_ptr.to(tl.pointer_type(tl.uint32), bitcast=True) + (offs_n >> 2)
+    s_select = ((offs_n & 1) * 0x2222 + 0x1010).to(tl.uint32)  # half h of the word in both halves
+    byte = (offs_n & 3).to(tl.uint32)
+    z_select = byte | (byte << 8) | 0x4040  # bytes (z, magic, z, magic); selector 4 = byte 0 of the second operand
+    return s_words, z_words, s_select, z_select
+
+
+@triton.jit
+def _word_pairs_by_prmt(words, g, num_groups, n_mask, N, MAGIC_PAIR: tl.constexpr, SYMMETRIC: tl.constexpr):
+    """(s, R), or (s,) when SYMMETRIC, of group g as the packed 16-bit pairs `dequantize_pairs` takes, each
+    [BLOCK_N, 1], from the 32-bit words holding them (`_param_words`; N a multiple of 4; scales in x's dtype,
+    zeros uint8 or none), one prmt per value: s = the scale's half of its word in both halves; R = C + z = the
+    magic number's high byte over the zero's byte in both halves (exact: zero codes < 128). Inline asm (NVIDIA);
+    elsewhere `_load_operand_params` computes the same through `_load_group_params(..., BY_WORDS=True)`."""
+    s_words, z_words, s_select, z_select = words
+    valid = n_mask & ((s_select * 0 + g) < num_groups)
+    s_word = tl.load(s_words + g * (N >> 1), mask=valid, other=0)
+    s2 = tl.inline_asm_elementwise("prmt.b32 $0, $1, $1, $2;", "=r,r,r", [s_word, s_select], dtype=tl.uint32,
+                                   is_pure=True, pack=1)
+    pairs = (s2[:, None],)
+    if not SYMMETRIC:
+        z_word = tl.load(z_words + g * (N >> 2), mask=valid, other=0)
+        MAGIC_HIGH: tl.constexpr = (MAGIC_PAIR >> 8) & 0xFF
+        r2 = tl.inline_asm_elementwise(f"{{ .reg .b32 m; mov.b32 m, {MAGIC_HIGH}; prmt.b32 $0, $1, m, $2; }}", "=r,r,r",
+                                       [z_word, z_select], dtype=tl.uint32, is_pure=True, pack=1)
+        pairs = pairs + (r2[:, None],)
+    return pairs
 
 
 @triton.jit
@@ -223,33 +288,39 @@ def _split_range(num_blocks, SPLIT_K):
 @triton.jit
 def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_mask, N, GROUP_SIZE: tl.constexpr,
                          FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, MAGIC_VALUE: tl.constexpr, XT_DTYPE: tl.constexpr,
-                         USE_ASM: tl.constexpr):
+                         USE_ASM: tl.constexpr, STREAMED: tl.constexpr = False, MAGIC_PAIR: tl.constexpr = 0, words=None):
     """For each scale fold of `block`, the parameters `dequantize_pairs` takes: (s, R, residual) for float
     zeros, (s, R) for integer (uint8) zeros, (s,) for symmetric weights (their zero is a constant of
     the dequantization).
 
     s is the scale rounded to XT_DTYPE, R = C + z rounded to XT_DTYPE (exact for integer zeros),
     residual = -(C + z - R) * s (a fractional zero's fraction; 0 for integer-valued float zeros).
-    Each is [BLOCK_N, 1]: packed pairs (uint32) with USE_ASM, fp32 values otherwise.
+    Each is [BLOCK_N, 1]: packed pairs (uint32) with USE_ASM, fp32 values otherwise. STREAMED: loaded as 32-bit
+    words (`_load_elements`), by prmt from `words` (`_param_words`) where `_word_pairs_by_prmt` applies.
     """
     FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
     INTEGER_ZEROS: tl.constexpr = z_ptr.dtype.element_ty == tl.uint8  # uint8 zeros are integers (layout.py)
     in_range = (offs_n * 0 + block) < block_end
     params = ()
+    PRMT: tl.constexpr = STREAMED and USE_ASM and s_ptr.dtype.element_ty == XT_DTYPE and (SYMMETRIC or INTEGER_ZEROS)
     for f in tl.static_range(8 // FOLD_SUBS):
-        s, zz = _load_group_params(s_ptr, z_ptr, (block * 128 + f * FOLD_ROWS) // GROUP_SIZE, num_groups, offs_n,
-                                   n_mask & in_range, N, MAGIC_VALUE, SYMMETRIC)
-        s = s.to(XT_DTYPE)
-        values = (s,)
-        if not SYMMETRIC:
-            shifted_zero = zz.to(XT_DTYPE)
-            values = values + (shifted_zero,)
-            if not INTEGER_ZEROS:
-                values = values + ((-(zz - shifted_zero.to(tl.float32)) * s.to(tl.float32)).to(XT_DTYPE),)  # residual
-        fold_params = ()
-        for i in tl.static_range(len(values)):  # packed pairs for the asm, fp32 for the twin; [BLOCK_N, 1]
-            fold_params = fold_params + ((pack_pair(values[i], XT_DTYPE) if USE_ASM else values[i].to(tl.float32))[:, None],)
-        params = params + (fold_params,)
+        g = (block * 128 + f * FOLD_ROWS) // GROUP_SIZE
+        if PRMT:
+            params = params + (_word_pairs_by_prmt(words, g, num_groups, n_mask, N, MAGIC_PAIR, SYMMETRIC),)
+        else:
+            s, zz = _load_group_params(s_ptr, z_ptr, g, num_groups, offs_n, n_mask & in_range, N, MAGIC_VALUE, SYMMETRIC,
+                                       STREAMED)
+            s = s.to(XT_DTYPE)
+            values = (s,)
+            if not SYMMETRIC:
+                shifted_zero = zz.to(XT_DTYPE)
+                values = values + (shifted_zero,)
+                if not INTEGER_ZEROS:
+                    values = values + ((-(zz - shifted_zero.to(tl.float32)) * s.to(tl.float32)).to(XT_DTYPE),)  # residual
+            fold_params = ()
+            for i in tl.static_range(len(values)):  # packed pairs for the asm, fp32 for the twin; [BLOCK_N, 1]
+                fold_params = fold_params + ((pack_pair(values[i], XT_DTYPE) if USE_ASM else values[i].to(tl.float32))[:, None],)
+            params = params + (fold_params,)
     return params
 
 
@@ -259,7 +330,7 @@ def _tile_accumulate(
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, ONE_TOKEN: tl.constexpr,
-    PER_CHANNEL: tl.constexpr, DOT_PARTS: tl.constexpr,
+    PER_CHANNEL: tl.constexpr, DOT_PARTS: tl.constexpr, STREAM_PARAMS: tl.constexpr,
 ):
     """The fp32 y^T tile (tile_n, tile_m) [BLOCK_N, BLOCK_M] summed over the 128-row blocks
     [block_start, block_end) of K, with its offsets and masks: the loop both tensor-core kernels run.
@@ -285,8 +356,11 @@ def _tile_accumulate(
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     # Side inputs (scales, zeros and, for the fold, x^T again for its column sums) are plain loads,
     # which the pipeliner does not stream: fetch them one block ahead so their latency hides behind
-    # a block of unpacking and MMA instead of stalling every iteration.
-    if SCALE_IN_OPERAND:
+    # a block of unpacking and MMA instead of stalling every iteration. STREAM_PARAMS (scale in operand):
+    # s and z are loaded for the block itself, as 32-bit words, which the pipeliner does stream.
+    if SCALE_IN_OPERAND and STREAM_PARAMS:
+        side = _param_words(s_ptr, z_ptr, offs_n)  # loop-invariant
+    elif SCALE_IN_OPERAND:
         side = _load_operand_params(s_ptr, z_ptr, block_start, block_end, num_groups, offs_n, n_mask, N,
                                     GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM)
     else:
@@ -302,9 +376,13 @@ def _tile_accumulate(
         # uint32 so that shifts are logical (no sign extension to mask away)
         words = tl.load(w_ptrs + block * _TILE_WORDS, mask=n_mask[:, None], other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
         if SCALE_IN_OPERAND:
-            params = side
-            side = _load_operand_params(s_ptr, z_ptr, block + 1, block_end, num_groups, offs_n, n_mask, N,
-                                        GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM)
+            if STREAM_PARAMS:
+                params = _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_mask, N, GROUP_SIZE,
+                                              FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM, True, MAGIC_PAIR, side)
+            else:
+                params = side
+                side = _load_operand_params(s_ptr, z_ptr, block + 1, block_end, num_groups, offs_n, n_mask, N,
+                                            GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM)
             # DOT_PARTS = 1 keeps the all-slices-first form here and below: the shipped entries were timed
             # with its sm_90 schedule (through _chained_part_dots five of them schedule differently, NOTES v10)
             if DOT_PARTS == 1:
@@ -374,6 +452,7 @@ def _w4a16_tc_kernel(
     PER_CHANNEL: tl.constexpr,  # G == K: fold once after the loop (see _tile_accumulate)
     DOT_PARTS: tl.constexpr,  # 1, 2, 4 or 8: each dot as chained parts of <= 128 / DOT_PARTS rows
     WAIT_PRIOR: tl.constexpr,  # launched programmatically after act-order's gather: wait for it before any load
+    STREAM_PARAMS: tl.constexpr,  # scale in operand: s / z loaded for each block as 32-bit words (_load_elements)
 ):
     """y[M, N] = x[M, K] @ W[K, N] with W in the kernel-native layout, on tensor cores.
 
@@ -394,7 +473,8 @@ def _w4a16_tc_kernel(
       acc += s * dot - s * (z + C) * sum_k x (exact in fp32 for any zero) after every group.
 
     Options: PER_CHANNEL (G == K) folds once per tile after the loop; ONE_TOKEN (M == 1, fold) takes
-    the x sums from x's single row; DOT_PARTS splits every dot (the block's, or each scale fold's) into
+    the x sums from x's single row; STREAM_PARAMS (scale in operand) loads s / z for each block as 32-bit
+    words (N % 4 == 0, s / z 4-byte aligned: `_streams_params`); DOT_PARTS splits every dot (the block's, or each scale fold's) into
     chained dots over at most 128 / DOT_PARTS rows, each part's operand unpacked right before it.
     Act-order weights take x already permuted (`gather_columns`).
 
@@ -410,7 +490,7 @@ def _w4a16_tc_kernel(
     acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
         x_ptr, qw_ptr, s_ptr, z_ptr, tl.program_id(0), tl.program_id(1), block_start, block_end, M, N, K,
         num_groups, stride_xm, GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N,
-        BLOCK_M, EVEN_K, ONE_TOKEN, PER_CHANNEL, DOT_PARTS,
+        BLOCK_M, EVEN_K, ONE_TOKEN, PER_CHANNEL, DOT_PARTS, STREAM_PARAMS,
     )
     _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
 
@@ -422,7 +502,7 @@ def _w4a16_streamk_kernel(
     GROUP_SIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, SCALE_IN_OPERAND: tl.constexpr,
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, ONE_TOKEN: tl.constexpr,
-    PER_CHANNEL: tl.constexpr, DOT_PARTS: tl.constexpr, WAIT_PRIOR: tl.constexpr,
+    PER_CHANNEL: tl.constexpr, DOT_PARTS: tl.constexpr, WAIT_PRIOR: tl.constexpr, STREAM_PARAMS: tl.constexpr,
 ):
     """Stream-K form of `_w4a16_tc_kernel`: a persistent grid (P,) shares the work evenly.
 
@@ -454,7 +534,7 @@ def _w4a16_streamk_kernel(
         acc, offs_n, offs_m, n_mask, m_mask = _tile_accumulate(
             x_ptr, qw_ptr, s_ptr, z_ptr, tile % tiles_n, tile // tiles_n, block_start, block_end, M, N, K,
             num_groups, stride_xm, GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N,
-            BLOCK_M, EVEN_K, ONE_TOKEN, PER_CHANNEL, DOT_PARTS,
+            BLOCK_M, EVEN_K, ONE_TOKEN, PER_CHANNEL, DOT_PARTS, STREAM_PARAMS,
         )
         y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
         mask = n_mask[:, None] & m_mask[None, :]
@@ -668,17 +748,18 @@ _CALL_INTS = ("M", "N", "K", "stride_xm", "stride_ym")  # the int arguments ever
 
 
 def _matmul_launch(plan: Plan, dtype: torch.dtype, device_type: str, symmetric: bool, in_features: int, group_size: int,
-                   one_token: bool) -> _MatmulLaunch:
-    """The prepared launch of `plan` for this format (and ONE_TOKEN used or not), kept in `plan.launches`
-    (a forced plan, made afresh per call by tests and benchmarks, is prepared afresh too)."""
-    fmt = (dtype, device_type, symmetric, in_features, group_size, one_token)
+                   one_token: bool, stream_params: bool) -> _MatmulLaunch:
+    """The prepared launch of `plan` for this format (and ONE_TOKEN / STREAM_PARAMS used or not), kept in
+    `plan.launches` (a forced plan, made afresh per call by tests and benchmarks, is prepared afresh too)."""
+    fmt = (dtype, device_type, symmetric, in_features, group_size, one_token, stream_params)
     prepared = plan.launches.get(fmt)
     if prepared is None:
         prepared = plan.launches[fmt] = _prepare_matmul_launch(plan, *fmt)
     return prepared
 
 
-def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_features, group_size, one_token) -> _MatmulLaunch:
+def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_features, group_size, one_token,
+                           stream_params) -> _MatmulLaunch:
     cfg = plan.config
     # act-order on sm_90+ (the dispatcher keeps the option only there): a programmatic dependent of the
     # gather of x, which `gather_columns(..., launch_dependents=True)` launched just before
@@ -713,6 +794,7 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
         PER_CHANNEL=group_size == in_features,  # one group: the fold runs once per tile, after the loop
         DOT_PARTS=dot_parts,
         WAIT_PRIOR=after_gather,
+        STREAM_PARAMS=stream_params,
     )
     num_groups = in_features // group_size
     if plan.path == "streamk":
@@ -783,6 +865,16 @@ class RepeatGemm:
         return y
 
 
+def _streams_params(cfg: dict, n: int, scales: torch.Tensor, zeros: torch.Tensor | None) -> bool:
+    """The tuned option STREAM_PARAMS (scale-in-operand plans: s / z read as the 32-bit words holding them) where
+    those words line up: N a multiple of 4 and both tensors 4-byte aligned (else the plan runs without it)."""
+    wanted = cfg.get("STREAM_PARAMS", False)
+    if not isinstance(wanted, bool):
+        raise ValueError(f"config STREAM_PARAMS must be True or False, got {wanted!r}")
+    return (wanted and cfg.get("SCALE_IN_OPERAND", False) and n % 4 == 0 and scales.data_ptr() % 4 == 0
+            and (zeros is None or zeros.data_ptr() % 4 == 0))
+
+
 def _launch_arguments(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out, stream: int, device_type: str):
     """Everything `launch_gemm` hands the prepared kernel: (prepared launch, grid, tensors, ints, y).
     `device_type` picks the constexprs (benchmarks/sass_report.py asks for "cuda" on CPU tensors)."""
@@ -791,7 +883,8 @@ def _launch_arguments(x2, qweight, scales, zeros, in_features, group_size, plan:
     device = x2.device
     # ONE_TOKEN: x sums from one row at M = 1, a tuned option (off unless the plan's entry sets it)
     one_token = m == 1 and plan.config.get("ONE_TOKEN", False)
-    run = _matmul_launch(plan, x2.dtype, device_type, zeros is None, in_features, group_size, one_token)
+    run = _matmul_launch(plan, x2.dtype, device_type, zeros is None, in_features, group_size, one_token,
+                         _streams_params(plan.config, n, scales, zeros))
     y = torch.empty((m, n), device=device, dtype=x2.dtype) if out is None else out
     tiles = -(-n // run.block_n) * -(-m // run.block_m)  # ceil-divs (triton.cdiv costs ~3 us from the host)
     if run.path == "streamk":
