@@ -33,8 +33,9 @@ def main() -> None:
     weight = timing.random_w4_weights(kernel, n, k, 128, 1, symmetric=args.symmetric)[0]
     x = torch.randn(args.m, k, device="cuda", dtype=torch.float16)
     plan = kernel.plan_for(weight, args.m)
-    # options are bools in a configuration (STREAM_PARAMS refuses 1), sizes ints
-    config = {**plan.config, **{key: bool(v) if isinstance(plan.config.get(key, False), bool) else v for key, v in overrides.items()}}
+    # the on / off options are bools in a configuration (STREAM_PARAMS refuses 1), the sizes ints
+    options = ("SCALE_IN_OPERAND", "ONE_TOKEN", "GATHER_PDL", "STREAM_PARAMS")
+    config = {**plan.config, **{key: bool(v) if key in options else v for key, v in overrides.items()}}
     print(args.shape, "M =", args.m, "plan:", plan.path, config)
     for _ in range(3):
         kernel.matmul.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, weight.perm, k, weight.group_size,

@@ -254,7 +254,7 @@ def test_stream_params(w4a16, device, path, dtype, zeros_kind):
     """STREAM_PARAMS (scale in operand, s / z read as the 32-bit words holding them; on NVIDIA GPUs by prmt for
     integer and symmetric zeros with scales in x's dtype): every zero form and scale dtype against the float64
     reference, and bit for bit the result without the option (the same values reach the same arithmetic).
-    N = 44 puts rows of a word in different tiles' columns and a group's last word half past N."""
+    N = 44: a multiple of 4 that leaves the 64-row tile part-filled (masked rows)."""
     if not triton_available(device):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     weight, ref = random_layer(w4a16, 384, 44, 64, zeros_kind == "symmetric", dtype, device, seed=21,
