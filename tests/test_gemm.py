@@ -290,7 +290,6 @@ def test_stream_params_falls_back_where_words_do_not_line_up(w4a16, device):
     it (still correct), and a value that is not a bool is refused by name."""
     if not triton_available(device):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
-    gemm = w4a16.gemm
     config = {"SCALE_IN_OPERAND": True, "BLOCK_N": 64, "BLOCK_M": 16, "SPLIT_K": 2, "STREAM_PARAMS": True}
     weight, ref = random_layer(w4a16, 256, 42, 128, False, torch.float16, device, seed=23)  # N = 42: 2 mod 4
     x = torch.randn(3, 256, device=device).to(torch.float16)
@@ -305,7 +304,8 @@ def test_stream_params_falls_back_where_words_do_not_line_up(w4a16, device):
     assert not streamed_launch(w4a16, weight, x, "splitk", config)
     assert run_and_check(w4a16, weight, ref, x, ("splitk", config)) < TOL[torch.float16]
     with pytest.raises(ValueError, match="STREAM_PARAMS must be True or False"):
-        gemm._streams_params({**config, "STREAM_PARAMS": 1}, 40, weight.scales, weight.zeros)
+        w4a16.matmul.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, weight.perm, 256, weight.group_size,
+                                  path="splitk", config={**config, "STREAM_PARAMS": 1})
 
 
 @pytest.mark.kernels_ci

@@ -83,13 +83,12 @@ def _load_elements(ptr, index, mask, other, BY_WORDS: tl.constexpr):
     if BY_WORDS:
         T: tl.constexpr = ptr.dtype.element_ty
         BITS: tl.constexpr = T.primitive_bitwidth
-        words = tl.load(ptr.to(tl.pointer_type(tl.uint32), bitcast=True) + index // (32 // BITS), mask=mask, other=0)
-        if BITS == 8:
-            return (words >> ((index % 4) * 8).to(tl.uint32)).to(tl.uint8).to(T, bitcast=True)
-        elif BITS == 16:
-            return (words >> ((index % 2) * 16).to(tl.uint32)).to(tl.uint16).to(T, bitcast=True)
-        else:
+        PER_WORD: tl.constexpr = 32 // BITS
+        words = tl.load(ptr.to(tl.pointer_type(tl.uint32), bitcast=True) + index // PER_WORD, mask=mask, other=0)
+        if PER_WORD == 1:
             return words.to(T, bitcast=True)
+        BITS_TYPE: tl.constexpr = tl.uint8 if BITS == 8 else tl.uint16
+        return (words >> ((index % PER_WORD) * BITS).to(tl.uint32)).to(BITS_TYPE).to(T, bitcast=True)
     return tl.load(ptr + index, mask=mask, other=other)
 
 
@@ -474,7 +473,7 @@ def _w4a16_tc_kernel(
 
     Options: PER_CHANNEL (G == K) folds once per tile after the loop; ONE_TOKEN (M == 1, fold) takes
     the x sums from x's single row; STREAM_PARAMS (scale in operand) loads s / z for each block as 32-bit
-    words (N % 4 == 0, s / z 4-byte aligned: `_streams_params`); DOT_PARTS splits every dot (the block's, or each scale fold's) into
+    words (N % 4 == 0, s / z 4-byte aligned: `_params_line_up`); DOT_PARTS splits every dot (the block's, or each scale fold's) into
     chained dots over at most 128 / DOT_PARTS rows, each part's operand unpacked right before it.
     Act-order weights take x already permuted (`gather_columns`).
 
@@ -768,6 +767,8 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
     dot_parts = cfg.get("DOT_PARTS", 1)
     if dot_parts not in (1, 2, 4, 8):  # any other count would leave slices of a block out of the dot
         raise ValueError(f"config DOT_PARTS must be 1, 2, 4 or 8 (each dot in that many chained parts), got {dot_parts!r}")
+    if not isinstance(cfg.get("STREAM_PARAMS", False), bool):
+        raise ValueError(f"config STREAM_PARAMS must be True or False, got {cfg['STREAM_PARAMS']!r}")
     constexprs = dict(FOLD_SUBS=_fold_subs(group_size, in_features), SYMMETRIC=symmetric, BLOCK_N=block_n, BLOCK_M=block_m,
                       EVEN_K=in_features % K_BLOCK == 0)
     options = dict(num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))
@@ -794,7 +795,7 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
         PER_CHANNEL=group_size == in_features,  # one group: the fold runs once per tile, after the loop
         DOT_PARTS=dot_parts,
         WAIT_PRIOR=after_gather,
-        STREAM_PARAMS=stream_params,
+        STREAM_PARAMS=stream_params and cfg.get("SCALE_IN_OPERAND", False),  # (the fold loads no operand params)
     )
     num_groups = in_features // group_size
     if plan.path == "streamk":
@@ -865,14 +866,10 @@ class RepeatGemm:
         return y
 
 
-def _streams_params(cfg: dict, n: int, scales: torch.Tensor, zeros: torch.Tensor | None) -> bool:
-    """The tuned option STREAM_PARAMS (scale-in-operand plans: s / z read as the 32-bit words holding them) where
-    those words line up: N a multiple of 4 and both tensors 4-byte aligned (else the plan runs without it)."""
-    wanted = cfg.get("STREAM_PARAMS", False)
-    if not isinstance(wanted, bool):
-        raise ValueError(f"config STREAM_PARAMS must be True or False, got {wanted!r}")
-    return (wanted and cfg.get("SCALE_IN_OPERAND", False) and n % 4 == 0 and scales.data_ptr() % 4 == 0
-            and (zeros is None or zeros.data_ptr() % 4 == 0))
+def _params_line_up(n: int, scales: torch.Tensor, zeros: torch.Tensor | None) -> bool:
+    """Whether scales / zeros can be read as the 32-bit words holding them (the tuned option STREAM_PARAMS): N a
+    multiple of 4 and both tensors 4-byte aligned. Else a plan with the option runs without it."""
+    return n % 4 == 0 and scales.data_ptr() % 4 == 0 and (zeros is None or zeros.data_ptr() % 4 == 0)
 
 
 def _launch_arguments(x2, qweight, scales, zeros, in_features, group_size, plan: Plan, out, stream: int, device_type: str):
@@ -883,8 +880,8 @@ def _launch_arguments(x2, qweight, scales, zeros, in_features, group_size, plan:
     device = x2.device
     # ONE_TOKEN: x sums from one row at M = 1, a tuned option (off unless the plan's entry sets it)
     one_token = m == 1 and plan.config.get("ONE_TOKEN", False)
-    run = _matmul_launch(plan, x2.dtype, device_type, zeros is None, in_features, group_size, one_token,
-                         _streams_params(plan.config, n, scales, zeros))
+    stream_params = plan.config.get("STREAM_PARAMS", False) and _params_line_up(n, scales, zeros)
+    run = _matmul_launch(plan, x2.dtype, device_type, zeros is None, in_features, group_size, one_token, stream_params)
     y = torch.empty((m, n), device=device, dtype=x2.dtype) if out is None else out
     tiles = -(-n // run.block_n) * -(-m // run.block_m)  # ceil-divs (triton.cdiv costs ~3 us from the host)
     if run.path == "streamk":
