@@ -85,11 +85,15 @@ def _load_elements(ptr, index, mask, other, BY_WORDS: tl.constexpr):
         BITS: tl.constexpr = T.primitive_bitwidth
         PER_WORD: tl.constexpr = 32 // BITS
         words = tl.load(ptr.to(tl.pointer_type(tl.uint32), bitcast=True) + index // PER_WORD, mask=mask, other=0)
+        # (if / else, not an early return: Triton 3.6 compiles the statements after a constexpr branch's return)
         if PER_WORD == 1:
-            return words.to(T, bitcast=True)
-        BITS_TYPE: tl.constexpr = tl.uint8 if BITS == 8 else tl.uint16
-        return (words >> ((index % PER_WORD) * BITS).to(tl.uint32)).to(BITS_TYPE).to(T, bitcast=True)
-    return tl.load(ptr + index, mask=mask, other=other)
+            value = words.to(T, bitcast=True)
+        else:
+            BITS_TYPE: tl.constexpr = tl.uint8 if BITS == 8 else tl.uint16
+            value = (words >> ((index % PER_WORD) * BITS).to(tl.uint32)).to(BITS_TYPE).to(T, bitcast=True)
+    else:
+        value = tl.load(ptr + index, mask=mask, other=other)
+    return value
 
 
 @triton.jit
