@@ -93,6 +93,8 @@ def test_pingpong_refuses_what_it_cannot_run(w4a16, device):
             call({"CONSUMERS": 3})
         with pytest.raises(ValueError, match="PROGRAMS must be a positive int"):
             call({"PROGRAMS": 4, "SPLIT_K": 2})
+        with pytest.raises(ValueError, match="BLOCK_M must be 64, 128 or 256"):  # (32: its shared tiles went unreduced)
+            call({"BLOCK_M": 32, "SPLIT_K": 2})
 
 
 @pytest.mark.skipif(not _on_hopper(), reason="the Gluon kernel needs an sm_90 GPU")

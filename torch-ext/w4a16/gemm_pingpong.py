@@ -406,16 +406,24 @@ def _pingpong_launch(plan, in_features: int, group_size: int, symmetric: bool) -
         programs = cfg.get("PROGRAMS", 0)
         if not isinstance(programs, int) or programs < 0 or (programs and cfg.get("SPLIT_K", 1) != 1):
             raise ValueError(f"config PROGRAMS must be a positive int (a persistent grid) and then SPLIT_K 1, got {cfg!r}")
-        constexprs = dict(BLOCK_M=cfg.get("BLOCK_M", 128), STAGES=cfg.get("num_stages", 4), SYMMETRIC=symmetric,
+        block_m = cfg.get("BLOCK_M", 128)
+        if block_m not in (64, 128, 256):  # the shared-tile reduction sums 64 tokens at a time (`_reduce_tile`)
+            raise ValueError(f"config BLOCK_M must be 64, 128 or 256 for path 'pingpong', got {block_m!r}")
+        constexprs = dict(BLOCK_M=block_m, STAGES=cfg.get("num_stages", 4), SYMMETRIC=symmetric,
                           GROUPS=groups_per_block(group_size, in_features), CONSUMERS=consumers)
-        options = {**COMPILE_OPTIONS, "num_warps": 4, **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {})}
+        options = _compile_options(cfg.get("maxnreg"))
         prepared = plan.launches[key] = _PingpongLaunch(constexprs["BLOCK_M"], cfg.get("SPLIT_K", 1), programs, consumers,
                                                         constexprs, options)
     return prepared
 
 
+def _compile_options(maxnreg: int | None) -> dict:
+    """The kernel's compile options: the package's, one warpgroup per partition's default, the plan's register cap."""
+    return {**COMPILE_OPTIONS, "num_warps": 4, **({"maxnreg": maxnreg} if maxnreg else {})}
+
+
 def launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: int, plan, out=None) -> torch.Tensor:
-    """y = x2 @ W by `_pingpong_kernel` with the plan's (a dispatch.Plan) BLOCK_M, num_stages (ring depth), SPLIT_K
+    """y = x2 @ W by `_pingpong_kernel` with the plan's (a dispatch.Plan) BLOCK_M (64, 128 or 256), num_stages (ring depth), SPLIT_K
     or PROGRAMS, CONSUMERS and maxnreg. x2 [M, K] is copied first when TMA cannot read it in place."""
     if not available(x2.device):
         raise RuntimeError(f"w4a16: path 'pingpong' needs Gluon (Triton >= 3.5) and an NVIDIA sm_90 GPU; x is on {x2.device}")
@@ -465,5 +473,4 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, sta
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in ("qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr", "N", "K")}
     source = GluonASTSource(_pingpong_kernel, signature, {(names.index(k),): v for k, v in constexprs.items()}, attrs)
-    options = {**COMPILE_OPTIONS, "num_warps": 4, **({"maxnreg": maxnreg} if maxnreg else {})}
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=_compile_options(maxnreg))
