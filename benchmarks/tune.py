@@ -29,12 +29,13 @@ import timing  # noqa: E402
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 
-def split_counts(tiles: int, k: int, sm_count: int, most: int = 16) -> list[int]:
-    """SPLIT_K values worth timing for a grid of `tiles` output tiles: 1, and every split whose CTAs fit four
+def split_counts(tiles: int, k: int, sm_count: int, most: int = 16, per_sm: int = 4) -> list[int]:
+    """SPLIT_K values worth timing for a grid of `tiles` output tiles: 1, and every split whose CTAs fit `per_sm`
     per SM with at least two 128-row K blocks each; 3, 6 and 12 too: the right split fills whole waves of CTAs
     (no half-empty last wave)."""
     k_blocks = -(-k // 128)
-    return [s for s in (1, 2, 3, 4, 6, 8, 12, 16) if s <= most and (s == 1 or (tiles * s <= 4 * sm_count and k_blocks // s >= 2))]
+    return [s for s in (1, 2, 3, 4, 6, 8, 12, 16)
+            if s <= most and (s == 1 or (tiles * s <= per_sm * sm_count and k_blocks // s >= 2))]
 
 
 def register_cap(regs_per_sm: int, ctas: int, num_warps: int) -> int:
@@ -125,8 +126,9 @@ def around_plan(kernel, plan, m: int, act_order: bool = False, n: int = 0, k: in
     at a time (tensor-core plans): DOT_PARTS set to each other value of 1, 2, 4, 8, at M = 1 (fold
     plans) ONE_TOKEN flipped, for act-order GATHER_PDL flipped (the GEMM launched as a programmatic
     dependent of the gather of x), for scale-in-operand plans STREAM_PARAMS flipped (s / z streamed as
-    32-bit words), and for uncapped 4-warp scale-in-operand plans the register cap that
-    fits four CTAs per SM (`four_ctas_per_sm`). Decides the options in a few timings where a full search
+    32-bit words), and for uncapped 4-warp scale-in-operand plans a register cap (with BLOCK_M >= 32 also
+    four dot parts and three stages) that fits one more CTA per SM, with and without a grown grid
+    (`more_ctas_per_sm`). Decides the options in a few timings where a full search
     would take minutes per shape."""
     config = dict(plan.config)
     yield plan.path, config
@@ -142,28 +144,38 @@ def around_plan(kernel, plan, m: int, act_order: bool = False, n: int = 0, k: in
     if config.get("SCALE_IN_OPERAND", False):
         yield plan.path, _with_option(config, "STREAM_PARAMS", not config.get("STREAM_PARAMS", False), default=False)
     if n and k and sm_count:
-        yield from ((plan.path, c) for c in four_ctas_per_sm(plan.path, config, m, n, k, sm_count, regs_per_sm))
+        yield from more_ctas_per_sm(plan.path, config, m, n, k, sm_count, regs_per_sm)
 
 
-def four_ctas_per_sm(path: str, config: dict, m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536):
-    """A 4-warp scale-in-operand plan takes ~132 registers at BLOCK_N = 128 (Triton 3.6, sm_90): three CTAs
-    per SM. Capped at 128 (sm_90 SASS: no spills, 420 loop instructions against 413) four fit, one more
-    warp per scheduler for a loop that ncu finds latency-bound (NOTES v14). The cap alone, and with the grid
-    grown to use the fourth CTA: the largest split whose CTAs still fit four per SM, or four Stream-K programs
-    per SM. On the H200 (NOTES v17) the cap alone was within 1% and the grown split slower, except 10240 x 8192
-    at M = 4, 8 (split 3 -> 6, 4-5% faster)."""
+def more_ctas_per_sm(path: str, config: dict, m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536):
+    """(path, config) pairs that fit one more CTA per SM than an uncapped 4-warp scale-in-operand plan, for a loop
+    that ncu finds latency-bound, its dependency waits hidden only by other resident warps (NOTES v14, v22):
+    - BLOCK_M = 16 (~132 registers, three CTAs): capped at 128 four fit (sm_90 SASS, Triton 3.6: no spills, 420
+      loop instructions against 413; NOTES v17: within 1% but for 10240 x 8192 at M = 4, 8 with the split grown);
+    - BLOCK_M = 32 (~166 registers, three CTAs) and 64 (~222 registers and 88.5 KB of shared memory at four
+      stages, two CTAs): capped at 128 / 168 with the block's dot as four chained parts (DOT_PARTS = 4: a quarter
+      of the operand live at once; the cap alone spills 4 / 54 instructions) and three stages, four / three fit
+      with no spills (NOTES v23).
+    Each as is, with STREAM_PARAMS on (it paid with three warps per scheduler, not two: NOTES v22) and with the
+    grid grown to use the extra CTA: the largest split whose CTAs still fit, or that many Stream-K programs per SM."""
     if not config.get("SCALE_IN_OPERAND") or config.get("maxnreg") or config.get("num_warps", 4) != 4:
         return
-    cap = register_cap(regs_per_sm, 4, 4)
-    yield {**config, "maxnreg": cap}
+    block_m = config["BLOCK_M"]
+    ctas = 4 if block_m <= 32 else 3
+    capped = {**config, "maxnreg": register_cap(regs_per_sm, ctas, 4)}
+    if block_m > 16:
+        capped.update(DOT_PARTS=4, num_stages=3)
+    yield path, capped
+    if not config.get("STREAM_PARAMS"):
+        yield path, {**capped, "STREAM_PARAMS": True}
     if path == "streamk":
-        if config["PROGRAMS"] < 4 * sm_count:
-            yield {**config, "maxnreg": cap, "PROGRAMS": 4 * sm_count}
+        if config["PROGRAMS"] < ctas * sm_count:
+            yield path, {**capped, "PROGRAMS": ctas * sm_count}
         return
-    tiles = -(-n // config["BLOCK_N"]) * -(-m // config["BLOCK_M"])
-    grown = [s for s in split_counts(tiles, k, sm_count) if s > config.get("SPLIT_K", 1)]
+    tiles = -(-n // config["BLOCK_N"]) * -(-m // block_m)
+    grown = [s for s in split_counts(tiles, k, sm_count, per_sm=ctas) if s > config.get("SPLIT_K", 1)]
     if grown:
-        yield {**config, "maxnreg": cap, "SPLIT_K": grown[-1]}
+        yield "splitk", {**capped, "SPLIT_K": grown[-1]}
 
 
 def with_incumbent(plan, pairs, neighbours=()):
@@ -235,7 +247,7 @@ def main() -> None:
     ap.add_argument("--paths", default="", help="comma list: time only candidates of these paths (the current plan is timed first in any case)")
     ap.add_argument("--around-plan", action="store_true",
                     help="time only the current plan and the same with one option changed (DOT_PARTS; ONE_TOKEN at M = 1; "
-                         "GATHER_PDL for act-order; STREAM_PARAMS and the four-CTA register cap for scale-in-operand plans)")
+                         "GATHER_PDL for act-order; STREAM_PARAMS and one more CTA per SM for scale-in-operand plans)")
     ap.add_argument("--incumbents-only", action="store_true",
                     help="time only the current plan, the neighbouring M buckets' plans and (a format other than the base) "
                          "the base format's plan for the same shape and M: a cheap check of stale entries")

@@ -95,6 +95,55 @@ def test_around_plan_toggles_only_the_options(w4a16, m, act_order):
             dispatch.plan_gemm(m, 4096, 4096, 128, torch.float16, cpu, path=p, config=c)  # accepted
 
 
+SIO_16 = {"BLOCK_N": 128, "BLOCK_M": 16, "SPLIT_K": 8, "num_warps": 4, "num_stages": 3, "SCALE_IN_OPERAND": True}
+SIO_32 = {**SIO_16, "BLOCK_M": 32, "SPLIT_K": 4}
+SIO_64 = {**SIO_16, "BLOCK_M": 64, "SPLIT_K": 4, "num_stages": 4}
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("path,config,m,n,k,ctas,grown", [
+    ("splitk", SIO_16, 1, 4096, 4096, 4, 16),
+    ("splitk", SIO_16, 16, 6144, 4096, 4, None),  # split 12 would not fit
+    ("splitk", SIO_16, 64, 4096, 4096, 4, None),  # 128 tiles: no larger split fits
+    ("streamk", {**{x: v for x, v in SIO_16.items() if x != "SPLIT_K"}, "PROGRAMS": 3 * 132}, 1, 57344, 8192, 4, "programs"),
+    ("splitk", SIO_32, 32, 4096, 4096, 4, 16),
+    ("splitk", SIO_64, 64, 4096, 4096, 3, 12),
+    ("tiled", {**SIO_64, "SPLIT_K": 1}, 64, 4096, 4096, 3, 12),
+    ("streamk", {**{x: v for x, v in SIO_32.items() if x != "SPLIT_K"}, "PROGRAMS": 2 * 132}, 32, 57344, 8192, 4, "programs"),
+    ("splitk", {**SIO_64, "maxnreg": 168}, 64, 4096, 4096, 0, None),  # capped already
+    ("splitk", {**SIO_16, "SCALE_IN_OPERAND": False}, 16, 4096, 4096, 0, None),  # fold
+    ("tiled", {**SIO_16, "SPLIT_K": 1, "BLOCK_N": 256, "num_warps": 8}, 16, 28672, 4096, 0, None),  # 8 warps
+])
+def test_around_plan_offers_one_more_cta_per_sm(w4a16, path, config, m, n, k, ctas, grown):
+    """--around-plan on an uncapped 4-warp scale-in-operand plan (132 SMs, 64K registers) also times the register
+    cap at which `ctas` CTAs fit (BLOCK_M = 16: 128, four CTAs; 32: 128, four; 64: 168, three), for BLOCK_M >= 32
+    with four dot parts and three stages (the cap alone spills there), then the same with STREAM_PARAMS, then with
+    the grid grown to fill `ctas` per SM (the largest offered split that fits, or that many Stream-K programs);
+    each a configuration the package accepts. Capped, fold and 8-warp plans get no such candidate."""
+    tune = _tune_module()
+    dispatch = w4a16.dispatch
+    cpu = torch.device("cpu")
+    plan = dispatch.plan_gemm(m, n, k, 128, torch.float16, cpu, path=path, config=config)
+    pairs = [(p, c) for p, c in tune.around_plan(w4a16, plan, m, False, n, k, 132) if c.get("maxnreg") != config.get("maxnreg")]
+    if not ctas:
+        assert pairs == []
+        return
+    cap = tune.register_cap(65536, ctas, 4)
+    assert cap % 8 == 0 and cap * ctas * 4 * 32 <= 65536 < (cap + 8) * ctas * 4 * 32
+    wide = {"DOT_PARTS": 4, "num_stages": 3} if config["BLOCK_M"] > 16 else {}
+    capped = {**config, "maxnreg": cap, **wide}
+    expected = [(path, capped), (path, {**capped, "STREAM_PARAMS": True})]
+    if grown == "programs":
+        expected.append((path, {**capped, "PROGRAMS": ctas * 132}))
+    elif grown:
+        tiles = -(-n // config["BLOCK_N"]) * -(-m // config["BLOCK_M"])
+        assert tiles * grown <= ctas * 132
+        expected.append(("splitk", {**capped, "SPLIT_K": grown}))
+    assert pairs == expected
+    for p, c in pairs:
+        dispatch.plan_gemm(m, n, k, 128, torch.float16, cpu, path=p, config=c)  # accepted
+
+
 @pytest.mark.kernels_ci
 def test_full_search_times_the_incumbent_first(w4a16):
     """A full search (no --around-plan) times the table's current plan first and each candidate once more
@@ -208,33 +257,3 @@ def test_shape_selection_takes_names_and_literal_shapes():
     for bad in ("8B.nope", "head=128256*4096", "head=x4096"):
         with pytest.raises(SystemExit, match="--shapes"):
             timing.select_shapes(bad, data)
-
-
-@pytest.mark.kernels_ci
-@pytest.mark.parametrize("m", [1, 16])
-def test_around_plan_offers_a_fourth_cta_per_sm(w4a16, m):
-    """--around-plan on an uncapped 4-warp scale-in-operand plan also times the register cap that fits four
-    CTAs per SM (128 on a 64K-register SM), alone and with the grid grown into the fourth CTA (a larger split
-    whose CTAs still fit, or four Stream-K programs per SM); capped, fold and 8-warp plans get no such candidate."""
-    tune = _tune_module()
-    dispatch = w4a16.dispatch
-    cpu, sms = torch.device("cpu"), 132
-    sio = {"BLOCK_N": 128, "BLOCK_M": 16, "SPLIT_K": 8, "num_warps": 4, "num_stages": 3, "SCALE_IN_OPERAND": True}
-    for path, config, n, k in [("splitk", sio, 4096, 4096), ("splitk", sio, 6144, 4096),
-                               ("streamk", {**{x: v for x, v in sio.items() if x != "SPLIT_K"}, "PROGRAMS": 3 * sms}, 57344, 8192),
-                               ("splitk", {**sio, "maxnreg": 168}, 4096, 4096), ("splitk", {**sio, "SCALE_IN_OPERAND": False}, 4096, 4096),
-                               ("tiled", {**sio, "SPLIT_K": 1, "BLOCK_N": 256, "num_warps": 8}, 28672, 4096)]:
-        plan = dispatch.plan_gemm(m, n, k, 128, torch.float16, cpu, path=path, config=config)
-        capped = [c for _, c in tune.around_plan(w4a16, plan, m, False, n, k, sms) if c.get("maxnreg") != config.get("maxnreg")]
-        eligible = config["SCALE_IN_OPERAND"] and config["num_warps"] == 4 and "maxnreg" not in config
-        if not eligible:
-            assert capped == []
-            continue
-        assert capped[0] == {**config, "maxnreg": 128}
-        for c in capped:
-            ctas = c["PROGRAMS"] if path == "streamk" else -(-n // c["BLOCK_N"]) * c["SPLIT_K"]
-            assert ctas <= 4 * sms
-            dispatch.plan_gemm(m, n, k, 128, torch.float16, cpu, path=path, config=c)  # accepted
-        grown = {"streamk": {**config, "maxnreg": 128, "PROGRAMS": 4 * sms}, 4096: {**config, "maxnreg": 128, "SPLIT_K": 16}}
-        expected = grown["streamk"] if path == "streamk" else grown.get(n)  # 6144 x 4096: split 12 would not fit
-        assert capped[1:] == ([expected] if expected else [])
