@@ -26,16 +26,13 @@ def main() -> None:
     ap.add_argument("--symmetric", action="store_true", help="symmetric weights (zero 8, no zeros tensor)")
     ap.add_argument("--set", default="", help="KEY=INT,... replacing entries of the plan's configuration (0 / 1 for options)")
     args = ap.parse_args()
-    overrides = {key: int(value) for key, value in (item.split("=") for item in filter(None, args.set.split(",")))}
     kernel = timing.load_kernel()
     shape = next(s for s in timing.load_shapes()["shapes"] if s["name"] == args.shape)
     n, k = shape["N"], shape["K"]
     weight = timing.random_w4_weights(kernel, n, k, 128, 1, symmetric=args.symmetric)[0]
     x = torch.randn(args.m, k, device="cuda", dtype=torch.float16)
     plan = kernel.plan_for(weight, args.m)
-    # the on / off options are bools in a configuration (STREAM_PARAMS refuses 1), the sizes ints
-    options = ("SCALE_IN_OPERAND", "ONE_TOKEN", "GATHER_PDL", "STREAM_PARAMS")
-    config = {**plan.config, **{key: bool(v) if key in options else v for key, v in overrides.items()}}
+    config = {**plan.config, **timing.config_overrides(args.set)}
     print(args.shape, "M =", args.m, "plan:", plan.path, config)
     for _ in range(3):
         kernel.matmul.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, weight.perm, k, weight.group_size,

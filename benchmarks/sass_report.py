@@ -157,9 +157,9 @@ def main() -> None:
     ap.add_argument("--shapes", default="", help="comma list of shape names or name=NxK (default: all)")
     ap.add_argument("--m", default="1,16,128")
     ap.add_argument("--variant", default="base", choices=list(timing.VARIANTS))
-    ap.add_argument("--set", default="", help="KEY=INT,... replacing the tuned plans' configuration entries (e.g. DOT_PARTS=2)")
+    ap.add_argument("--set", default="", help="KEY=INT,... replacing the tuned plans' configuration entries (e.g. DOT_PARTS=2; 0 / 1 for options)")
     args = ap.parse_args()
-    overrides = {key: int(value) for key, value in (item.split("=") for item in filter(None, args.set.split(",")))}
+    overrides = timing.config_overrides(args.set)
     os.environ.pop("TRITON_INTERPRET", None)
     kernel = timing.load_kernel()
     print(f"Triton {triton.__version__}, sm_90; loop = the largest loop's instructions, 1st mma = its position in the loop,")

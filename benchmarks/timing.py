@@ -140,6 +140,19 @@ VARIANTS = {  # weight/activation formats benchmarked and tuned: name -> (activa
 }
 
 
+# the on / off options of a configuration are bools (the launcher refuses 1 for STREAM_PARAMS), the rest ints
+CONFIG_OPTIONS = ("SCALE_IN_OPERAND", "ONE_TOKEN", "GATHER_PDL", "STREAM_PARAMS")
+
+
+def config_overrides(spec: str) -> dict:
+    """`--set KEY=INT,...` of the profiling scripts as configuration entries (0 / 1 for the options)."""
+    overrides = {}
+    for item in filter(None, spec.split(",")):
+        key, value = item.split("=")
+        overrides[key] = bool(int(value)) if key in CONFIG_OPTIONS else int(value)
+    return overrides
+
+
 def effective_group_size(group_size: int, k: int) -> int:
     """G as the kernels take it: -1 (the usual spelling of per-channel) means one group spanning K."""
     return k if group_size == -1 else group_size

@@ -257,3 +257,21 @@ def test_shape_selection_takes_names_and_literal_shapes():
     for bad in ("8B.nope", "head=128256*4096", "head=x4096"):
         with pytest.raises(SystemExit, match="--shapes"):
             timing.select_shapes(bad, data)
+
+
+@pytest.mark.kernels_ci
+def test_set_overrides_type_options_as_bools(w4a16):
+    """--set of sass_report.py / profile_one.py: the on / off options become bools (the launcher refuses
+    STREAM_PARAMS=1 by name), every other entry an int; the prepared launch accepts the result."""
+    _tune_module()  # puts benchmarks/ on sys.path
+    import timing
+
+    overrides = timing.config_overrides("num_stages=3,maxnreg=168,STREAM_PARAMS=1,DOT_PARTS=4,SCALE_IN_OPERAND=1")
+    assert overrides == {"num_stages": 3, "maxnreg": 168, "STREAM_PARAMS": True, "DOT_PARTS": 4, "SCALE_IN_OPERAND": True}
+    assert all(type(overrides[key]) is bool for key in timing.CONFIG_OPTIONS if key in overrides)
+    assert set(timing.CONFIG_OPTIONS) <= set(w4a16.dispatch.CONFIG_KEYS)
+    assert timing.config_overrides("") == {}
+    plan = w4a16.dispatch.plan_gemm(64, 4096, 4096, 128, torch.float16, torch.device("cpu"), path="splitk", config=overrides)
+    launch = w4a16.gemm._prepare_matmul_launch(plan, torch.float16, "cuda", False, 4096, 128, False, True)  # accepted
+    assert launch.kernel.constexprs["STREAM_PARAMS"] is True and launch.kernel.constexprs["DOT_PARTS"] == 4
+    assert launch.kernel.options["maxnreg"] == 168 and launch.kernel.options["num_stages"] == 3
