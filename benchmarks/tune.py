@@ -178,6 +178,14 @@ def more_ctas_per_sm(path: str, config: dict, m: int, n: int, k: int, sm_count: 
         yield "splitk", {**capped, "SPLIT_K": grown[-1]}
 
 
+def with_overrides(plan, override_sets: list[dict]):
+    """`--try`: the dispatcher's current plan, then the same with each set of configuration entries replaced
+    (a probe of one idea across every entry, e.g. 8 warps: `--try num_warps=8;num_warps=8,num_stages=3`)."""
+    yield plan.path, dict(plan.config)
+    for overrides in override_sets:
+        yield plan.path, {**plan.config, **overrides}
+
+
 def with_incumbent(plan, pairs, neighbours=()):
     """The dispatcher's current plan for the call, then its plans at the neighbouring M buckets
     (`neighbours`), then `pairs`, each pair once: a full search then replaces an entry only by a candidate
@@ -248,6 +256,9 @@ def main() -> None:
     ap.add_argument("--around-plan", action="store_true",
                     help="time only the current plan and the same with one option changed (DOT_PARTS; ONE_TOKEN at M = 1; "
                          "GATHER_PDL for act-order; STREAM_PARAMS and one more CTA per SM for scale-in-operand plans)")
+    ap.add_argument("--try", dest="tries", default="",
+                    help="time only the current plan and the same with each ';'-separated KEY=INT,... set of entries "
+                         "replaced (0 / 1 for options), e.g. 'num_warps=8;num_warps=8,num_stages=3'")
     ap.add_argument("--incumbents-only", action="store_true",
                     help="time only the current plan, the neighbouring M buckets' plans and (a format other than the base) "
                          "the base format's plan for the same shape and M: a cheap check of stale entries")
@@ -289,8 +300,12 @@ def main() -> None:
                 neighbours.append(kernel.dispatch.plan_gemm(m, n, k, table_group_size, torch.float16, w0.qweight.device))
             searched = () if args.incumbents_only else (
                 pair for pair in candidates(m, n, k, sm_count, regs_per_sm) if not paths or pair[0] in paths)
-            pairs = (around_plan(kernel, current, m, act_order, n, k, sm_count, regs_per_sm) if args.around_plan
-                     else with_incumbent(current, searched, neighbours))
+            if args.tries:
+                pairs = with_overrides(current, [timing.config_overrides(spec) for spec in args.tries.split(";")])
+            elif args.around_plan:
+                pairs = around_plan(kernel, current, m, act_order, n, k, sm_count, regs_per_sm)
+            else:
+                pairs = with_incumbent(current, searched, neighbours)
             for path, config in pairs:
                 try:
                     us = time_candidate(kernel, weights, x, k, g, path, config, reference)

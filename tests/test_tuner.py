@@ -275,3 +275,20 @@ def test_set_overrides_type_options_as_bools(w4a16):
     launch = w4a16.gemm._prepare_matmul_launch(plan, torch.float16, "cuda", False, 4096, 128, False, True)  # accepted
     assert launch.kernel.constexprs["STREAM_PARAMS"] is True and launch.kernel.constexprs["DOT_PARTS"] == 4
     assert launch.kernel.options["maxnreg"] == 168 and launch.kernel.options["num_stages"] == 3
+
+
+@pytest.mark.kernels_ci
+def test_try_times_the_plan_with_each_override_set(w4a16):
+    """tune.py --try: the current plan first, then the same plan with each ';'-separated set of entries replaced,
+    each a configuration the package accepts."""
+    tune = _tune_module()
+    import timing
+
+    cpu = torch.device("cpu")
+    plan = w4a16.dispatch.plan_gemm(64, 4096, 4096, 128, torch.float16, cpu, path="splitk", config=SIO_64)
+    sets = [timing.config_overrides(spec) for spec in "num_warps=8;num_warps=8,num_stages=3,STREAM_PARAMS=1".split(";")]
+    pairs = list(tune.with_overrides(plan, sets))
+    assert pairs == [("splitk", plan.config), ("splitk", {**plan.config, "num_warps": 8}),
+                     ("splitk", {**plan.config, "num_warps": 8, "num_stages": 3, "STREAM_PARAMS": True})]
+    for path, config in pairs:
+        w4a16.dispatch.plan_gemm(64, 4096, 4096, 128, torch.float16, cpu, path=path, config=config)  # accepted
