@@ -148,7 +148,9 @@ def config_overrides(spec: str) -> dict:
     """`--set KEY=INT,...` of the profiling scripts as configuration entries (0 / 1 for the options)."""
     overrides = {}
     for item in filter(None, spec.split(",")):
-        key, value = item.split("=")
+        key, _, value = item.partition("=")
+        if not key or not value.lstrip("-").isdigit():
+            raise SystemExit(f"--set / --try: each entry must be KEY=INT (0 / 1 for {', '.join(CONFIG_OPTIONS)}), got {item!r}")
         overrides[key] = bool(int(value)) if key in CONFIG_OPTIONS else int(value)
     return overrides
 

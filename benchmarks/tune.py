@@ -11,6 +11,11 @@ copies, fp16 activations, group 128, asymmetric by default) and keeps the fastes
 tunes one other format of timing.VARIANTS (bf16, sym, g64, pc, act_order) and writes entries carrying its
 `dtype`, `group_size`, `symmetric` (and `act_order`), which the dispatcher prefers for that format and
 exactly those M buckets; every other format and bucket uses the base entries.
+
+    python benchmarks/tune.py --around-plan | --incumbents-only | --try "KEY=INT,...;..." [--merge --m 32,64]
+
+time far fewer candidates per entry (the current plan with one option changed; the current and neighbouring
+plans; the current plan with each set of entries replaced): re-checks after a kernel change, and probes.
 """
 
 from __future__ import annotations
@@ -157,7 +162,10 @@ def more_ctas_per_sm(path: str, config: dict, m: int, n: int, k: int, sm_count: 
       of the operand live at once; the cap alone spills 4 / 54 instructions) and three stages, four / three fit
       with no spills (NOTES v23).
     Each as is, with STREAM_PARAMS on (it paid with three warps per scheduler, not two: NOTES v22) and with the
-    grid grown to use the extra CTA: the largest split whose CTAs still fit, or that many Stream-K programs per SM."""
+    grid grown to use the extra CTA: the largest split whose CTAs still fit, or that many Stream-K programs per SM.
+    On the H200 (NOTES v23) the BLOCK_M = 32 / 64 candidates ran 8-20% slower than their plans on 14 of the base
+    format's 16 entries at M = 32 / 64 (DOT_PARTS = 4 alone costs as much; the extra CTA wins back 0-2%): the loop
+    there is bound by unpacking its weight block, not by resident warps. One won (8B.gate_up M = 64, 4%)."""
     if not config.get("SCALE_IN_OPERAND") or config.get("maxnreg") or config.get("num_warps", 4) != 4:
         return
     block_m = config["BLOCK_M"]
@@ -253,13 +261,14 @@ def main() -> None:
     ap.add_argument("--variant", default="base", choices=list(timing.VARIANTS),
                     help="weight format to tune (timing.VARIANTS)")
     ap.add_argument("--paths", default="", help="comma list: time only candidates of these paths (the current plan is timed first in any case)")
-    ap.add_argument("--around-plan", action="store_true",
+    narrowed = ap.add_mutually_exclusive_group()  # searches that time a few candidates per entry
+    narrowed.add_argument("--around-plan", action="store_true",
                     help="time only the current plan and the same with one option changed (DOT_PARTS; ONE_TOKEN at M = 1; "
                          "GATHER_PDL for act-order; STREAM_PARAMS and one more CTA per SM for scale-in-operand plans)")
-    ap.add_argument("--try", dest="tries", default="",
-                    help="time only the current plan and the same with each ';'-separated KEY=INT,... set of entries "
-                         "replaced (0 / 1 for options), e.g. 'num_warps=8;num_warps=8,num_stages=3'")
-    ap.add_argument("--incumbents-only", action="store_true",
+    narrowed.add_argument("--try", dest="tries", default="",
+                          help="time only the current plan and the same with each ';'-separated KEY=INT,... set of entries "
+                               "replaced (0 / 1 for options), whatever the plan's path, e.g. 'num_warps=8;num_warps=8,num_stages=3'")
+    narrowed.add_argument("--incumbents-only", action="store_true",
                     help="time only the current plan, the neighbouring M buckets' plans and (a format other than the base) "
                          "the base format's plan for the same shape and M: a cheap check of stale entries")
     args = ap.parse_args()

@@ -271,6 +271,9 @@ def test_set_overrides_type_options_as_bools(w4a16):
     assert all(type(overrides[key]) is bool for key in timing.CONFIG_OPTIONS if key in overrides)
     assert set(timing.CONFIG_OPTIONS) <= set(w4a16.dispatch.CONFIG_KEYS)
     assert timing.config_overrides("") == {}
+    for bad in ("num_warps", "num_warps=eight", "=4", "DOT_PARTS=2.5"):
+        with pytest.raises(SystemExit, match="KEY=INT"):
+            timing.config_overrides(bad)
     plan = w4a16.dispatch.plan_gemm(64, 4096, 4096, 128, torch.float16, torch.device("cpu"), path="splitk", config=overrides)
     launch = w4a16.gemm._prepare_matmul_launch(plan, torch.float16, "cuda", False, 4096, 128, False, True)  # accepted
     assert launch.kernel.constexprs["STREAM_PARAMS"] is True and launch.kernel.constexprs["DOT_PARTS"] == 4
