@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -194,6 +195,35 @@ def with_overrides(plan, override_sets: list[dict]):
         yield plan.path, {**plan.config, **overrides}
 
 
+def with_table_plan(plan, other_plan):
+    """`--compare-table`: the dispatcher's current plan, then the plan another table file holds for the same call
+    (`other_plan`, None where it has none), if it differs: e.g. an older table against the shipped one."""
+    yield plan.path, dict(plan.config)
+    if other_plan is not None and (other_plan.path, dict(other_plan.config)) != (plan.path, dict(plan.config)):
+        yield other_plan.path, dict(other_plan.config)
+
+
+def confirmed(time_pair, incumbent: tuple, best: tuple, rounds: int, margin: float) -> tuple[tuple, list]:
+    """The entry's decision between its incumbent (the table's plan) and the search's fastest other candidate,
+    each given as (us, path, config) from the search: both timed `rounds` more times, alternately (incumbent,
+    best, incumbent, best, ...), and `best` kept only if the median of its timings beats the incumbent's median
+    by `margin` (a fraction). Why: one timing each swings up to 5% within a run (10% on 57344 x 8192 at M = 32 /
+    64: NOTES v23), and the search keeps whichever candidate drew the fastest timing, so a lucky one must not
+    change an entry. Returns the winner as (median us, path, config) and the extra timings as (pair, us) for the
+    log. `time_pair((path, config))` times one candidate."""
+    times = {"incumbent": [incumbent[0]], "best": [best[0]]}
+    extra = []
+    for _ in range(rounds):
+        for name, pick in (("incumbent", incumbent), ("best", best)):
+            us = time_pair(pick[1:])
+            times[name].append(us)
+            extra.append((pick[1:], us))
+    incumbent_us, best_us = statistics.median(times["incumbent"]), statistics.median(times["best"])
+    if best_us <= (1.0 - margin) * incumbent_us:
+        return (best_us, *best[1:]), extra
+    return (incumbent_us, *incumbent[1:]), extra
+
+
 def with_incumbent(plan, pairs, neighbours=()):
     """The dispatcher's current plan for the call, then its plans at the neighbouring M buckets
     (`neighbours`), then `pairs`, each pair once: a full search then replaces an entry only by a candidate
@@ -223,6 +253,17 @@ def neighbour_buckets(m: int) -> list[int]:
 def _with_option(config: dict, key: str, value, default) -> dict:
     """config with `key` set to `value`; left out when that is the kernel's default, as tuned entries write it."""
     return {**{k: v for k, v in config.items() if k != key}, **({} if value == default else {key: value})}
+
+
+def table_plan(kernel, indexed: tuple, m: int, n: int, k: int, group_size: int, dtype, symmetric: bool, act_order: bool):
+    """The plan another table (`dispatch.index_tuned_entries` of its JSON) holds for this call, or None."""
+    dispatch = kernel.dispatch
+    row = dispatch.tuned_row(*indexed, dispatch.m_bucket(m), n, k, dispatch.format_key(dtype, group_size, symmetric, act_order))
+    if row is None:
+        return None
+    config = {key: row[key] for key in dispatch.CONFIG_KEYS if key in row}
+    return dispatch.plan_gemm(m, n, k, group_size, dtype, torch.device("cuda"), path=row["path"], config=config,
+                              symmetric=symmetric, act_order=act_order)
 
 
 def fallback_plan(kernel, best_other, n: int, k: int, m: int, fmt_key: tuple) -> dict:
@@ -268,9 +309,17 @@ def main() -> None:
     narrowed.add_argument("--try", dest="tries", default="",
                           help="time only the current plan and the same with each ';'-separated KEY=INT,... set of entries "
                                "replaced (0 / 1 for options), whatever the plan's path, e.g. 'num_warps=8;num_warps=8,num_stages=3'")
+    narrowed.add_argument("--compare-table", default="",
+                          help="time only the current plan and the plan this other table file holds for the same call "
+                               "(e.g. the table of an older commit, to re-check its changes)")
     narrowed.add_argument("--incumbents-only", action="store_true",
                     help="time only the current plan, the neighbouring M buckets' plans and (a format other than the base) "
                          "the base format's plan for the same shape and M: a cheap check of stale entries")
+    ap.add_argument("--confirm", type=int, default=2,
+                    help="where a candidate beat the entry's current plan: time both this many more times, alternately, "
+                         "and change the entry only if the candidate's median time still wins by --margin (0: no re-check)")
+    ap.add_argument("--margin", type=float, default=0.02,
+                    help="fraction by which a confirmed candidate's median must beat the current plan's (default 0.02)")
     args = ap.parse_args()
 
     kernel = timing.load_kernel()
@@ -290,6 +339,7 @@ def main() -> None:
         fields = dict(zip(("dtype", "group_size", "symmetric"), key[:3]))
         return {**fields, "act_order": True} if act_order else fields
     ms = [int(v) for v in args.m.split(",")]
+    compared = kernel.dispatch.index_tuned_entries(json.loads(Path(args.compare_table).read_text())) if args.compare_table else None
     entries, log = [], []
     kept = json.loads(Path(args.out).read_text())["entries"] if (args.merge and Path(args.out).exists()) else []
     for shape in timing.select_shapes(args.shapes, shapes):
@@ -313,8 +363,11 @@ def main() -> None:
                 pairs = with_overrides(current, [timing.config_overrides(spec) for spec in args.tries.split(";")])
             elif args.around_plan:
                 pairs = around_plan(kernel, current, m, act_order, n, k, sm_count, regs_per_sm)
+            elif compared is not None:
+                pairs = with_table_plan(current, table_plan(kernel, compared, m, n, k, g, dtype, symmetric, act_order))
             else:
                 pairs = with_incumbent(current, searched, neighbours)
+            incumbent = None
             for path, config in pairs:
                 try:
                     us = time_candidate(kernel, weights, x, k, g, path, config, reference)
@@ -322,12 +375,21 @@ def main() -> None:
                     log.append({"shape": shape["name"], "M": m, **fmt, "path": path, "config": config, "error": repr(exc)[:300]})
                     continue
                 log.append({"shape": shape["name"], "M": m, **fmt, "path": path, "config": config, "us": us})
+                timed = (us, path, config)
+                if (path, config) == (current.path, dict(current.config)):
+                    incumbent = timed
                 if best is None or us < best[0]:
-                    best = (us, path, config)
+                    best = timed
                 if path != "pingpong" and (best_other is None or us < best_other[0]):
-                    best_other = (us, path, config)
+                    best_other = timed
             if best is None:
                 continue
+            if args.confirm and incumbent is not None and best is not incumbent:
+                def time_pair(pair, weights=weights, x=x):  # (bound now: the loop deletes `weights` per shape)
+                    return time_candidate(kernel, weights, x, k, g, *pair)
+                best, extra = confirmed(time_pair, incumbent, best, args.confirm, args.margin)
+                log.extend({"shape": shape["name"], "M": m, **fmt, "path": p, "config": c, "us": t, "confirm": True}
+                           for (p, c), t in extra)
             us, path, config = best
             if path == "pingpong":  # where the Gluon kernel cannot run, the best other plan (dispatch.runnable_row)
                 fmt_key = kernel.dispatch.format_key(dtype, g, symmetric, act_order)

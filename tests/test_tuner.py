@@ -295,3 +295,51 @@ def test_try_times_the_plan_with_each_override_set(w4a16):
                      ("splitk", {**plan.config, "num_warps": 8, "num_stages": 3, "STREAM_PARAMS": True})]
     for path, config in pairs:
         w4a16.dispatch.plan_gemm(64, 4096, 4096, 128, torch.float16, cpu, path=path, config=config)  # accepted
+
+
+@pytest.mark.kernels_ci
+def test_confirmed_keeps_the_incumbent_unless_the_win_repeats():
+    """An entry changes only if the search's fastest candidate still beats the table's plan by the margin after both
+    are timed again, alternately: a lucky first timing (noise, NOTES v23) leaves the entry as it is."""
+    tune = _tune_module()
+    incumbent, best = (100.0, "splitk", {"SPLIT_K": 4}), (95.0, "splitk", {"SPLIT_K": 8})
+
+    def timer(times):  # the next timing of each candidate, from a script
+        order = []
+
+        def time_pair(pair):
+            order.append(pair)
+            return times[pair[1]["SPLIT_K"]].pop(0)
+        return time_pair, order
+
+    lucky, order = timer({4: [99.0, 98.5], 8: [101.0, 100.5]})  # the candidate's 95 was luck: medians 99 against 100.5
+    winner, extra = tune.confirmed(lucky, incumbent, best, rounds=2, margin=0.02)
+    assert winner == (99.0, "splitk", {"SPLIT_K": 4})
+    assert order == [incumbent[1:], best[1:], incumbent[1:], best[1:]] and [us for _, us in extra] == [99.0, 101.0, 98.5, 100.5]
+    real, _ = timer({4: [100.5, 99.5], 8: [94.0, 96.0]})  # medians 100 against 95
+    assert tune.confirmed(real, incumbent, best, rounds=2, margin=0.02)[0] == (95.0, "splitk", {"SPLIT_K": 8})
+    close, _ = timer({4: [99.0], 8: [98.0]})  # medians 99.5 against 96.5: 3% faster, not the 5% margin asked for
+    assert tune.confirmed(close, incumbent, best, rounds=1, margin=0.05)[0] == (99.5, "splitk", {"SPLIT_K": 4})
+    assert tune.confirmed(close, incumbent, best, rounds=0, margin=0.02) == (best, [])  # no re-check: the search's pick
+
+
+@pytest.mark.kernels_ci
+def test_compare_table_times_the_other_tables_plan(w4a16):
+    """--compare-table: the current plan, then the plan another table file holds for the same call (its own format's
+    entry where it has one, else its base entry), only if it differs."""
+    tune = _tune_module()
+    dispatch = w4a16.dispatch
+    data = {"group_size": 128, "entries": [
+        {"N": 4096, "K": 4096, "M": 16, "path": "splitk", **SIO_16, "us": 9.0},
+        {"N": 4096, "K": 4096, "M": 16, "dtype": "float16", "group_size": 128, "symmetric": True, "path": "splitk",
+         **{**SIO_16, "DOT_PARTS": 2}, "us": 8.5}]}
+    indexed = dispatch.index_tuned_entries(data)
+    plan = lambda config: dispatch.plan_gemm(16, 4096, 4096, 128, torch.float16, torch.device("cpu"), path="splitk", config=config)  # noqa: E731
+    other = tune.table_plan(w4a16, indexed, 9, 4096, 4096, 128, torch.float16, True, False)  # M = 9: the M = 16 bucket
+    assert (other.path, other.config["DOT_PARTS"]) == ("splitk", 2)
+    base = tune.table_plan(w4a16, indexed, 16, 4096, 4096, 128, torch.float16, False, False)
+    assert base.config == {**plan(SIO_16).config}
+    assert tune.table_plan(w4a16, indexed, 16, 8192, 4096, 128, torch.float16, False, False) is None
+    current = plan({**SIO_16, "SPLIT_K": 2})
+    assert list(tune.with_table_plan(current, other)) == [("splitk", current.config), ("splitk", other.config)]
+    assert list(tune.with_table_plan(current, None)) == list(tune.with_table_plan(current, current)) == [("splitk", current.config)]

@@ -35,7 +35,7 @@ import torch
 
 from .gemm_pingpong import available as pingpong_available
 
-__all__ = ["PATHS", "TENSOR_CORE_PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "format_key", "tuned_row",
+__all__ = ["PATHS", "TENSOR_CORE_PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "index_tuned_entries", "format_key", "tuned_row",
            "programmatic_launch"]
 
 logger = logging.getLogger(__name__)
@@ -78,28 +78,33 @@ def format_key(dtype: torch.dtype, group_size: int, symmetric: bool, act_order: 
 @functools.lru_cache(maxsize=None)
 def load_tuned_table(device_name: str) -> tuple[str, dict, dict, int | None] | None:
     """The shipped tuned table whose `applies_to` matches this device name, as
-    (file, {(N, K): rows sorted by M}, {(N, K, format_key): {M: row}}, the SM count it was measured on).
+    (file, {(N, K): rows sorted by M}, {(N, K, format_key): {M: row}}, the SM count it was measured on)."""
+    for path in sorted(_TUNED_DIR.glob("tuned_*.json")):
+        data = json.loads(path.read_text())
+        if any(tag in device_name for tag in data["applies_to"]):
+            return (path.name, *index_tuned_entries(data), data.get("sm_count"))
+    return None
+
+
+def index_tuned_entries(data: dict) -> tuple[dict, dict]:
+    """A tuned table's entries as ({(N, K): rows sorted by M}, {(N, K, format_key): {M: row}}), `tuned_row`'s input.
 
     Entries without `dtype` / `group_size` / `symmetric` / `act_order` fields were tuned on the table's
     base format (fp16 activations, the table's `group_size`, asymmetric) and serve every format; entries
     with them were tuned on that format and take precedence for their exact M bucket.
     """
-    for path in sorted(_TUNED_DIR.glob("tuned_*.json")):
-        data = json.loads(path.read_text())
-        if any(tag in device_name for tag in data["applies_to"]):
-            base: dict = {}
-            by_format: dict = {}
-            for row in data["entries"]:
-                if any(key in row for key in ("dtype", "group_size", "symmetric", "act_order")):
-                    fmt = (row.get("dtype", "float16"), row.get("group_size", data["group_size"]), row.get("symmetric", False),
-                           row.get("act_order", False))
-                    by_format.setdefault((row["N"], row["K"], fmt), {})[row["M"]] = row
-                else:
-                    base.setdefault((row["N"], row["K"]), []).append(row)
-            for rows in base.values():
-                rows.sort(key=lambda r: r["M"])
-            return path.name, base, by_format, data.get("sm_count")
-    return None
+    base: dict = {}
+    by_format: dict = {}
+    for row in data["entries"]:
+        if any(key in row for key in ("dtype", "group_size", "symmetric", "act_order")):
+            fmt = (row.get("dtype", "float16"), row.get("group_size", data["group_size"]), row.get("symmetric", False),
+                   row.get("act_order", False))
+            by_format.setdefault((row["N"], row["K"], fmt), {})[row["M"]] = row
+        else:
+            base.setdefault((row["N"], row["K"]), []).append(row)
+    for rows in base.values():
+        rows.sort(key=lambda r: r["M"])
+    return base, by_format
 
 
 def programs_for_device(programs: int, table_sm_count: int | None, sm_count: int) -> int:
