@@ -1,5 +1,5 @@
 """Act-order's gather of x on the GPU: torch's index_select / advanced indexing against the package's Triton
-gather (`gemm.gather_columns`), alone (against a plain copy of x, the bandwidth reference) at decode and
+gather (`gather.gather_columns`), alone (against a plain copy of x, the bandwidth reference) at decode and
 prefill M, and in front of the base GEMM, GPU time in a CUDA graph (timing.py).
 
     python benchmarks/probe_gather.py [--m 1,16,64,256,1024] [--forms] [--out benchmarks/results/h200_gather_probe.json]
@@ -26,9 +26,9 @@ def time_forms(kernel, ms, out) -> None:
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.float16)
             perm = torch.randperm(k, device="cuda")
-            forms = ("columns", "rows", "staged") if k <= kernel.gemm._STAGED_MAX_K else ("columns", "rows")
+            forms = ("columns", "rows", "staged") if k <= kernel.gather._STAGED_MAX_K else ("columns", "rows")
             for form in forms:
-                gather = lambda f=form: kernel.gemm.gather_columns(x, perm, form=f)  # noqa: E731
+                gather = lambda f=form: kernel.gather.gather_columns(x, perm, form=f)  # noqa: E731
                 assert torch.equal(gather(), x.index_select(1, perm))
                 rows.append({"K": k, "M": m, "form": form, "us": timing.gpu_time_us([gather] * 4)})
             print(k, m, " ".join(f"{r['form']}={r['us']:.2f}" for r in rows[-len(forms):]), flush=True)
@@ -51,9 +51,9 @@ def main() -> None:
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, k, device="cuda", dtype=torch.float16)
             perm = torch.randperm(k, device="cuda")
-            assert torch.equal(kernel.gemm.gather_columns(x, perm), x.index_select(1, perm))
+            assert torch.equal(kernel.gather.gather_columns(x, perm), x.index_select(1, perm))
             for name, fn in (("index_select", lambda: x.index_select(1, perm)), ("getitem", lambda: x[:, perm]),
-                             ("gather_columns", lambda: kernel.gemm.gather_columns(x, perm)), ("copy", lambda: x.clone())):
+                             ("gather_columns", lambda: kernel.gather.gather_columns(x, perm)), ("copy", lambda: x.clone())):
                 rows.append({"K": k, "M": m, "op": name, "us": timing.gpu_time_us([fn] * 4)})
             print(k, m, " ".join(f"{r['op']}={r['us']:.2f}" for r in rows[-4:]), flush=True)
     n, k = 6144, 4096
@@ -67,7 +67,7 @@ def main() -> None:
             "base": [lambda w=w: kernel.w4a16_linear(x, w) for w, _ in pairs],
             "act_order": [lambda a=a: kernel.w4a16_linear(x, a) for _, a in pairs],
             "index_select+base": [lambda w=w, p=a.perm: kernel.w4a16_linear(x.index_select(1, p), w) for w, a in pairs],
-            "gather_columns+base": [lambda w=w, p=a.perm: kernel.w4a16_linear(kernel.gemm.gather_columns(x, p), w) for w, a in pairs],
+            "gather_columns+base": [lambda w=w, p=a.perm: kernel.w4a16_linear(kernel.gather.gather_columns(x, p), w) for w, a in pairs],
         }
         for name, fns in calls.items():
             rows.append({"N": n, "K": k, "M": m, "op": name, "us": timing.gpu_time_us(fns)})

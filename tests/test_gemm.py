@@ -171,7 +171,7 @@ def test_gather_columns_is_index_select(w4a16, device, m, k):
     wide = torch.randn(m, k + 24, generator=gen).to(device=device, dtype=torch.float16)
     x = wide[:, 16:16 + k]  # row stride k + 24, unit column stride
     perm = torch.randperm(k, generator=gen).to(device)
-    out = w4a16.gemm.gather_columns(x, perm)
+    out = w4a16.gather.gather_columns(x, perm)
     assert out.is_contiguous() and torch.equal(out, x.index_select(1, perm))
 
 
@@ -184,9 +184,9 @@ def test_gather_columns_forced_form(w4a16, device):
     for m, form in ((3, "rows"), (70, "columns")):
         x = torch.randn(m, 2100, generator=gen).to(device=device, dtype=torch.float16)
         perm = torch.randperm(2100, generator=gen).to(device)
-        assert torch.equal(w4a16.gemm.gather_columns(x, perm, form=form), x.index_select(1, perm))
+        assert torch.equal(w4a16.gather.gather_columns(x, perm, form=form), x.index_select(1, perm))
     with pytest.raises(ValueError, match="form must be"):
-        w4a16.gemm.gather_columns(x, perm, form="tiles")
+        w4a16.gather.gather_columns(x, perm, form="tiles")
 
 
 @pytest.mark.parametrize("m,k", [(1, 8), (3, 1000), (37, 2056), (70, 4104), (5, 16384)])
@@ -201,11 +201,11 @@ def test_gather_staged_form(w4a16, device, m, k):
     wide = torch.randn(m, k + 8, generator=gen).to(device=device, dtype=torch.bfloat16)
     x = wide[:, 8:]
     perm = torch.randperm(k, generator=gen).to(device)
-    assert torch.equal(w4a16.gemm.gather_columns(x, perm, form="staged"), x.index_select(1, perm))
+    assert torch.equal(w4a16.gather.gather_columns(x, perm, form="staged"), x.index_select(1, perm))
     if k == 16384:
         long = torch.zeros(1, 16392, device=device, dtype=torch.float16)
         with pytest.raises(ValueError, match="needs K <= 16384"):
-            w4a16.gemm.gather_columns(long, torch.arange(16392, device=device), form="staged")
+            w4a16.gather.gather_columns(long, torch.arange(16392, device=device), form="staged")
 
 
 @pytest.mark.parametrize("path", ["splitk:fold", "splitk:operand", "streamk:fold", "tiled:operand"])

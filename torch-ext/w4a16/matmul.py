@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from .dispatch import plan_gemm
-from .gemm import dequantize_native, gather_columns, launch_gemm, launch_gemm_kept
+from .gather import gather_columns
+from .gemm import dequantize_native, launch_gemm, launch_gemm_kept
 from .gemm_pingpong import launch_pingpong
 from .launch import current_stream
 from .layout import W4A16Weight, unpack_int4_tiled_striped, validate_weight_tensors
