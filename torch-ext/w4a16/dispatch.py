@@ -35,8 +35,8 @@ import torch
 
 from .gemm_pingpong import available as pingpong_available
 
-__all__ = ["PATHS", "TENSOR_CORE_PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "index_tuned_entries", "format_key", "tuned_row",
-           "programmatic_launch"]
+__all__ = ["PATHS", "TENSOR_CORE_PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "index_tuned_entries",
+           "format_key", "tuned_row", "programmatic_launch"]
 
 logger = logging.getLogger(__name__)
 
