@@ -48,7 +48,7 @@ def captured_launches(kernel, m: int, n: int, k: int, variant: str, overrides: d
     row = dispatch.tuned_row(table, by_format, dispatch.m_bucket(m), n, k, dispatch.format_key(dtype, g, symmetric, act_order))
     if row is None:
         raise SystemExit(f"no tuned entry for N={n} K={k} M={m} {variant}")
-    config = {**{key: row[key] for key in dispatch.CONFIG_KEYS if key in row}, **(overrides or {})}
+    config = {**dispatch.row_config(row), **(overrides or {})}
     plan = dispatch.plan_gemm(m, n, k, g, dtype, torch.device("cpu"), path=row["path"], config=config)
     if plan.path in ("dense", "reference"):
         return [(plan, None, None, None)]

@@ -187,22 +187,6 @@ def more_ctas_per_sm(path: str, config: dict, m: int, n: int, k: int, sm_count: 
         yield "splitk", {**capped, "SPLIT_K": grown[-1]}
 
 
-def with_overrides(plan, override_sets: list[dict]):
-    """`--try`: the dispatcher's current plan, then the same with each set of configuration entries replaced
-    (a probe of one idea across every entry, e.g. 8 warps: `--try num_warps=8;num_warps=8,num_stages=3`)."""
-    yield plan.path, dict(plan.config)
-    for overrides in override_sets:
-        yield plan.path, {**plan.config, **overrides}
-
-
-def with_table_plan(plan, other_plan):
-    """`--compare-table`: the dispatcher's current plan, then the plan another table file holds for the same call
-    (`other_plan`, None where it has none), if it differs: e.g. an older table against the shipped one."""
-    yield plan.path, dict(plan.config)
-    if other_plan is not None and (other_plan.path, dict(other_plan.config)) != (plan.path, dict(plan.config)):
-        yield other_plan.path, dict(other_plan.config)
-
-
 def confirmed(time_pair, incumbent: tuple, best: tuple, rounds: int, margin: float) -> tuple[tuple, list]:
     """The entry's decision between its incumbent (the table's plan) and the search's fastest other candidate,
     each given as (us, path, config) from the search: both timed `rounds` more times, alternately (incumbent,
@@ -225,8 +209,9 @@ def confirmed(time_pair, incumbent: tuple, best: tuple, rounds: int, margin: flo
 
 
 def with_incumbent(plan, pairs, neighbours=()):
-    """The dispatcher's current plan for the call, then its plans at the neighbouring M buckets
-    (`neighbours`), then `pairs`, each pair once: a full search then replaces an entry only by a candidate
+    """The dispatcher's current plan for the call, then other plans worth timing against it (`neighbours`: the
+    plans of the neighbouring M buckets, or another table's plan for --compare-table), then `pairs` (a search's
+    candidates, or --try's variants of the plan), each pair once: a full search then replaces an entry only by a candidate
     that beats it in the same run, also where the entry carries options the candidate list leaves to
     --around-plan (DOT_PARTS; maxnreg on Stream-K) or was borrowed from another format's entries; and a
     search narrowed by --paths still times the plans that won next door (v16: per-channel M = 4 kept a
@@ -261,8 +246,7 @@ def table_plan(kernel, indexed: tuple, m: int, n: int, k: int, group_size: int, 
     row = dispatch.tuned_row(*indexed, dispatch.m_bucket(m), n, k, dispatch.format_key(dtype, group_size, symmetric, act_order))
     if row is None:
         return None
-    config = {key: row[key] for key in dispatch.CONFIG_KEYS if key in row}
-    return dispatch.plan_gemm(m, n, k, group_size, dtype, torch.device("cuda"), path=row["path"], config=config,
+    return dispatch.plan_gemm(m, n, k, group_size, dtype, torch.device("cuda"), path=row["path"], config=dispatch.row_config(row),
                               symmetric=symmetric, act_order=act_order)
 
 
@@ -359,12 +343,14 @@ def main() -> None:
                 neighbours.append(kernel.dispatch.plan_gemm(m, n, k, table_group_size, torch.float16, w0.qweight.device))
             searched = () if args.incumbents_only else (
                 pair for pair in candidates(m, n, k, sm_count, regs_per_sm) if not paths or pair[0] in paths)
-            if args.tries:
-                pairs = with_overrides(current, [timing.config_overrides(spec) for spec in args.tries.split(";")])
+            if args.tries:  # the current plan with each set of entries replaced
+                pairs = with_incumbent(current, [(current.path, {**current.config, **timing.config_overrides(spec)})
+                                                 for spec in args.tries.split(";")])
             elif args.around_plan:
                 pairs = around_plan(kernel, current, m, act_order, n, k, sm_count, regs_per_sm)
-            elif compared is not None:
-                pairs = with_table_plan(current, table_plan(kernel, compared, m, n, k, g, dtype, symmetric, act_order))
+            elif compared is not None:  # the current plan, then the other table's for the same call
+                other = table_plan(kernel, compared, m, n, k, g, dtype, symmetric, act_order)
+                pairs = with_incumbent(current, (), [other] if other is not None else [])
             else:
                 pairs = with_incumbent(current, searched, neighbours)
             incumbent = None

@@ -282,15 +282,15 @@ def test_set_overrides_type_options_as_bools(w4a16):
 
 @pytest.mark.kernels_ci
 def test_try_times_the_plan_with_each_override_set(w4a16):
-    """tune.py --try: the current plan first, then the same plan with each ';'-separated set of entries replaced,
-    each a configuration the package accepts."""
+    """tune.py --try: the current plan first, then the same plan with each ';'-separated set of entries replaced
+    (through `with_incumbent`, as main() builds it), each a configuration the package accepts."""
     tune = _tune_module()
     import timing
 
     cpu = torch.device("cpu")
     plan = w4a16.dispatch.plan_gemm(64, 4096, 4096, 128, torch.float16, cpu, path="splitk", config=SIO_64)
     sets = [timing.config_overrides(spec) for spec in "num_warps=8;num_warps=8,num_stages=3,STREAM_PARAMS=1".split(";")]
-    pairs = list(tune.with_overrides(plan, sets))
+    pairs = list(tune.with_incumbent(plan, [(plan.path, {**plan.config, **overrides}) for overrides in sets]))  # as main() does
     assert pairs == [("splitk", plan.config), ("splitk", {**plan.config, "num_warps": 8}),
                      ("splitk", {**plan.config, "num_warps": 8, "num_stages": 3, "STREAM_PARAMS": True})]
     for path, config in pairs:
@@ -341,5 +341,5 @@ def test_compare_table_times_the_other_tables_plan(w4a16):
     assert base.config == {**plan(SIO_16).config}
     assert tune.table_plan(w4a16, indexed, 16, 8192, 4096, 128, torch.float16, False, False) is None
     current = plan({**SIO_16, "SPLIT_K": 2})
-    assert list(tune.with_table_plan(current, other)) == [("splitk", current.config), ("splitk", other.config)]
-    assert list(tune.with_table_plan(current, None)) == list(tune.with_table_plan(current, current)) == [("splitk", current.config)]
+    assert list(tune.with_incumbent(current, (), [other])) == [("splitk", current.config), ("splitk", other.config)]  # as main()
+    assert list(tune.with_incumbent(current, (), [])) == list(tune.with_incumbent(current, (), [current])) == [("splitk", current.config)]

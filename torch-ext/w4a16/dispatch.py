@@ -36,7 +36,7 @@ import torch
 from .gemm_pingpong import available as pingpong_available
 
 __all__ = ["PATHS", "TENSOR_CORE_PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "index_tuned_entries",
-           "format_key", "tuned_row", "programmatic_launch"]
+           "format_key", "tuned_row", "row_config", "programmatic_launch"]
 
 logger = logging.getLogger(__name__)
 
@@ -189,6 +189,11 @@ CONFIG_KEYS = ("BLOCK_N", "BLOCK_M", "SPLIT_K", "PROGRAMS", "num_warps", "num_st
                "DOT_PARTS", "GATHER_PDL", "CONSUMERS", "STREAM_PARAMS")
 
 
+def row_config(row: dict) -> dict:
+    """The launch configuration a tuned entry holds (its keys of CONFIG_KEYS; not its path, time or notes)."""
+    return {key: row[key] for key in CONFIG_KEYS if key in row}
+
+
 def runnable_row(row: dict, pingpong_ok: bool) -> dict | None:
     """The tuned row to run: `row`, or for a pingpong row where that kernel cannot run (`pingpong_ok` False: no
     Gluon, or not sm_90) the plan it carries as FALLBACK (None if it has none)."""
@@ -236,7 +241,7 @@ def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, d
         row = tuned_row(table, by_format, mb, n, k, format_key(dtype, group_size, symmetric, act_order))
         runnable = None if row is None else runnable_row(row, pingpong_available(device))
         if runnable is not None:
-            cfg = {key: runnable[key] for key in CONFIG_KEYS if key in runnable}
+            cfg = row_config(runnable)
             if "PROGRAMS" in cfg:
                 cfg["PROGRAMS"] = programs_for_device(cfg["PROGRAMS"], table_sm_count, sm_count)
             source = f"tuned:{file}" + ("" if runnable is row else " (FALLBACK of a pingpong entry)")

@@ -90,7 +90,8 @@ _gather_columns = {(form, dependents): PreparedLaunch(_gather_columns_kernel, {"
 # The staged form: rows up to _STAGED_MAX_K columns (the row, its permutation and perm in registers), one prepared
 # launch per power-of-two row block of 512..16384 columns, with a warp per 512 columns (16 elements per thread).
 _STAGED_MAX_K = 16384
-_gather_staged = {(block, dependents): PreparedLaunch(_gather_rows_staged_kernel, {"BLOCK_K": block, "LAUNCH_DEPENDENTS": dependents},
+_gather_staged = {(block, dependents): PreparedLaunch(_gather_rows_staged_kernel,
+                                                      {"BLOCK_K": block, "LAUNCH_DEPENDENTS": dependents},
                                                       {"num_warps": max(4, block // 512)}, ("x_ptr", "perm_ptr", "out_ptr"),
                                                       ("M", "K", "stride_xm"))
                   for block in (512 << i for i in range(6)) for dependents in (False, True)}
@@ -120,6 +121,6 @@ def gather_columns(x2: torch.Tensor, perm: torch.Tensor, launch_dependents: bool
         return out
     block = _GATHER_BLOCKS[form][0]
     cols_per_program = -(-k // block) * block if form == "rows" else block
-    _gather_columns[(form, launch_dependents)]((m, -(-k // cols_per_program)), (x2, perm, out), (k, x2.stride(0), cols_per_program),
-                          current_stream(x2.device))
+    launch = _gather_columns[(form, launch_dependents)]
+    launch((m, -(-k // cols_per_program)), (x2, perm, out), (k, x2.stride(0), cols_per_program), current_stream(x2.device))
     return out

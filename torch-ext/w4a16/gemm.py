@@ -130,13 +130,13 @@ def _param_words(s_ptr, z_ptr, offs_n):
 
 
 @triton.jit
-def _word_pairs_by_prmt(words, g, num_groups, n_mask, N, MAGIC_PAIR: tl.constexpr, SYMMETRIC: tl.constexpr):
+def _word_pairs_by_prmt(param_words, g, num_groups, n_mask, N, MAGIC_PAIR: tl.constexpr, SYMMETRIC: tl.constexpr):
     """(s, R), or (s,) when SYMMETRIC, of group g as the packed 16-bit pairs `dequantize_pairs` takes, each
     [BLOCK_N, 1], from the 32-bit words holding them (`_param_words`; N a multiple of 4; scales in x's dtype,
     zeros uint8 or none), one prmt per value: s = the scale's half of its word in both halves; R = C + z = the
     magic number's high byte over the zero's byte in both halves (exact: zero codes < 128). Inline asm (NVIDIA);
     elsewhere `_load_operand_params` computes the same through `_load_group_params(..., BY_WORDS=True)`."""
-    s_words, z_words, s_select, z_select = words
+    s_words, z_words, s_select, z_select = param_words
     valid = n_mask & ((s_select * 0 + g) < num_groups)
     s_word = tl.load(s_words + g * (N >> 1), mask=valid, other=0)
     s2 = tl.inline_asm_elementwise("prmt.b32 $0, $1, $1, $2;", "=r,r,r", [s_word, s_select], dtype=tl.uint32,
@@ -290,7 +290,8 @@ def _split_range(num_blocks, SPLIT_K):
 @triton.jit
 def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_mask, N, GROUP_SIZE: tl.constexpr,
                          FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr, MAGIC_VALUE: tl.constexpr, XT_DTYPE: tl.constexpr,
-                         USE_ASM: tl.constexpr, STREAMED: tl.constexpr = False, MAGIC_PAIR: tl.constexpr = 0, words=None):
+                         USE_ASM: tl.constexpr, STREAMED: tl.constexpr = False, MAGIC_PAIR: tl.constexpr = 0,
+                         param_words=None):
     """For each scale fold of `block`, the parameters `dequantize_pairs` takes: (s, R, residual) for float
     zeros, (s, R) for integer (uint8) zeros, (s,) for symmetric weights (their zero is a constant of
     the dequantization).
@@ -298,7 +299,7 @@ def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_m
     s is the scale rounded to XT_DTYPE, R = C + z rounded to XT_DTYPE (exact for integer zeros),
     residual = -(C + z - R) * s (a fractional zero's fraction; 0 for integer-valued float zeros).
     Each is [BLOCK_N, 1]: packed pairs (uint32) with USE_ASM, fp32 values otherwise. STREAMED: loaded as 32-bit
-    words (`_load_elements`), by prmt from `words` (`_param_words`) where `_word_pairs_by_prmt` applies.
+    words (`_load_elements`), by prmt from `param_words` (`_param_words`) where `_word_pairs_by_prmt` applies.
     """
     FOLD_ROWS: tl.constexpr = 16 * FOLD_SUBS
     INTEGER_ZEROS: tl.constexpr = z_ptr.dtype.element_ty == tl.uint8  # uint8 zeros are integers (layout.py)
@@ -308,7 +309,7 @@ def _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_m
     for f in tl.static_range(8 // FOLD_SUBS):
         g = (block * 128 + f * FOLD_ROWS) // GROUP_SIZE
         if PRMT:
-            params = params + (_word_pairs_by_prmt(words, g, num_groups, n_mask, N, MAGIC_PAIR, SYMMETRIC),)
+            params = params + (_word_pairs_by_prmt(param_words, g, num_groups, n_mask, N, MAGIC_PAIR, SYMMETRIC),)
         else:
             s, zz = _load_group_params(s_ptr, z_ptr, g, num_groups, offs_n, n_mask & in_range, N, MAGIC_VALUE, SYMMETRIC,
                                        STREAMED)
@@ -361,7 +362,7 @@ def _tile_accumulate(
     # a block of unpacking and MMA instead of stalling every iteration. STREAM_PARAMS (scale in operand):
     # s and z are loaded for the block itself, as 32-bit words, which the pipeliner does stream.
     if SCALE_IN_OPERAND and STREAM_PARAMS:
-        side = _param_words(s_ptr, z_ptr, offs_n)  # loop-invariant
+        param_words = _param_words(s_ptr, z_ptr, offs_n)  # loop-invariant: s / z word pointers, prmt selectors
     elif SCALE_IN_OPERAND:
         side = _load_operand_params(s_ptr, z_ptr, block_start, block_end, num_groups, offs_n, n_mask, N,
                                     GROUP_SIZE, FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM)
@@ -380,7 +381,7 @@ def _tile_accumulate(
         if SCALE_IN_OPERAND:
             if STREAM_PARAMS:
                 params = _load_operand_params(s_ptr, z_ptr, block, block_end, num_groups, offs_n, n_mask, N, GROUP_SIZE,
-                                              FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM, True, MAGIC_PAIR, side)
+                                              FOLD_SUBS, SYMMETRIC, MAGIC_VALUE, xt_dtype, USE_ASM, True, MAGIC_PAIR, param_words)
             else:
                 params = side
                 side = _load_operand_params(s_ptr, z_ptr, block + 1, block_end, num_groups, offs_n, n_mask, N,
@@ -476,8 +477,9 @@ def _w4a16_tc_kernel(
 
     Options: PER_CHANNEL (G == K) folds once per tile after the loop; ONE_TOKEN (M == 1, fold) takes
     the x sums from x's single row; STREAM_PARAMS (scale in operand) loads s / z for each block as 32-bit
-    words (N % 4 == 0, s / z 4-byte aligned: `_params_line_up`); DOT_PARTS splits every dot (the block's, or each scale fold's) into
-    chained dots over at most 128 / DOT_PARTS rows, each part's operand unpacked right before it.
+    words (N % 4 == 0, s / z 4-byte aligned: `_params_line_up`); DOT_PARTS splits every dot (the block's,
+    or each scale fold's) into chained dots over at most 128 / DOT_PARTS rows, each part's operand unpacked
+    right before it.
     Act-order weights take x already permuted (`gather_columns`).
 
     Assumes BLOCK_M >= 16, x and y unit-stride along their last dim, qweight / scales / zeros

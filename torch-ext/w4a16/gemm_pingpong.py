@@ -423,8 +423,8 @@ def _compile_options(maxnreg: int | None) -> dict:
 
 
 def launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: int, plan, out=None) -> torch.Tensor:
-    """y = x2 @ W by `_pingpong_kernel` with the plan's (a dispatch.Plan) BLOCK_M (64, 128 or 256), num_stages (ring depth), SPLIT_K
-    or PROGRAMS, CONSUMERS and maxnreg. x2 [M, K] is copied first when TMA cannot read it in place."""
+    """y = x2 @ W by `_pingpong_kernel` with the plan's (a dispatch.Plan) BLOCK_M (64, 128 or 256), num_stages (ring
+    depth), SPLIT_K or PROGRAMS, CONSUMERS and maxnreg. x2 [M, K] is copied first when TMA cannot read it in place."""
     if not available(x2.device):
         raise RuntimeError(f"w4a16: path 'pingpong' needs Gluon (Triton >= 3.5) and an NVIDIA sm_90 GPU; x is on {x2.device}")
     run = _pingpong_launch(plan, in_features, group_size, zeros is None)

@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 import triton
 
-__all__ = ["COMPILE_OPTIONS", "COUNTER_SLOT", "split_k_scratch", "workspace_entry", "current_stream", "PreparedLaunch", "BoundLaunch"]
+__all__ = ["COMPILE_OPTIONS", "COUNTER_SLOT", "split_k_scratch", "workspace_entry", "current_stream", "PreparedLaunch",
+           "BoundLaunch"]
 
 
 # Compile options every kernel of the package is built with, stated rather than left to Triton's defaults:
