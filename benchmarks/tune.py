@@ -122,18 +122,6 @@ def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536):
                 for split in split_counts(-(-n // rows) * -(-m // bm), k, per_sm * sm_count, most=4):
                     yield "pingpong", {"BLOCK_M": bm, "num_stages": stages, "SPLIT_K": split, **extra}
                 yield "pingpong", {"BLOCK_M": bm, "num_stages": stages, "PROGRAMS": per_sm * sm_count, **extra}
-    if m <= 32:
-        # pingpong at decode and M = 32 (v24): 16 / 32 tokens per wgmma, the weight words WORDS_AHEAD K blocks ahead
-        # in registers (4 KB per block and consumer in flight: what keeps HBM busy), one program per SM with two
-        # consumers or two / three with one (maxnreg 128); split-K and Stream-K as above.
-        bm = 16 if m <= 16 else 32
-        for rows, per_sm, extra in ((128, 1, {}), (64, 2, {"CONSUMERS": 1, "maxnreg": 128}),
-                                    (64, 3, {"CONSUMERS": 1, "maxnreg": 128})):
-            for ahead in (2, 4, 8):
-                form = {"BLOCK_M": bm, "num_stages": 4, **extra, "WORDS_AHEAD": ahead}
-                for split in split_counts(-(-n // rows) * -(-m // bm), k, per_sm * sm_count, most=16, per_sm=1):
-                    yield "pingpong", {**form, "SPLIT_K": split}
-                yield "pingpong", {**form, "PROGRAMS": per_sm * sm_count}
     if m >= 64:  # the dense path (dequantize + cuBLAS): the H200 table picks it at M = 512 on four shapes, M >= 1024 on all
         yield "dense", {}
 

@@ -94,11 +94,6 @@ if HAVE_GLUON:
         # y [M, N] is contiguous along n, the accumulator's rows: 8 n in a row per thread for the stores
         return gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1])
 
-    @gluon.constexpr_function
-    def _sum_layout(chunk):
-        # the reduction's [64 rows, chunk tokens] fp32 sums: 4 tokens per thread, a row's chunk across chunk / 4 lanes
-        return gl.BlockedLayout([1, 4], [128 // chunk, chunk // 4], [4, 1], [1, 0])
-
     @gluon.jit
     def _partial_offset(program, slot, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr):
         """Where a partial starts in the workspace part [P, 2, CONSUMERS, 64, BLOCK_M] fp32 (tokens fastest): slot 0
@@ -202,31 +197,32 @@ if HAVE_GLUON:
     @gluon.jit
     def _accumulate(word_ptrs, s_ptr, z_ptr, x_smem, x_ready, empty, n, n_ok, N, block_start, block_end, ring_start,
                     group_size, num_groups, a_layout: gl.constexpr, mma_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-                    STAGES: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, AHEAD: gl.constexpr):
+                    STAGES: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr):
         """acc [64, BLOCK_M] fp32 over K blocks [block_start, block_end) of one weight tile's 64 rows: words (and
-        scale / zero) loaded AHEAD blocks ahead into registers, unpacked into the A operands, two wgmma (K = 64
+        scale / zero) loaded two blocks ahead into registers, unpacked into the A operands, two wgmma (K = 64
         each) against x's stage, wait, release the stage. ring_start: the ring position of block_start."""
         dtype: gl.constexpr = x_smem.dtype
         MAGIC: gl.constexpr = _MAGIC_PAIRS[0] if dtype == gl.float16 else _MAGIC_PAIRS[1]
         MAGIC_VALUE: gl.constexpr = _MAGIC_VALUES[0] if dtype == gl.float16 else _MAGIC_VALUES[1]
         PAIR: gl.constexpr = "f16x2" if dtype == gl.float16 else "bf16x2"
-        # blocks block_start .. + AHEAD - 1 in flight before the loop; each iteration fetches the one AHEAD further
-        # (clamped to the segment's last block: the tail re-reads it instead of reading past the range). At decode
-        # the words in flight are what keeps HBM busy: AHEAD * 4 KB per consumer.
-        ahead = ()
-        for j in gl.static_range(AHEAD):
-            kb_ahead = block_start if j == 0 else gl.minimum(block_start + j, block_end - 1)
-            ahead = ahead + (_load_block(word_ptrs, s_ptr, z_ptr, kb_ahead, n, n_ok, N, group_size, num_groups, SYMMETRIC,
-                                         GROUPS),)
+        # blocks block_start and block_start + 1 in flight before the loop; each iteration fetches the one two ahead
+        # (clamped to the segment's last block: the tail re-reads it instead of reading past the range)
+        w0, s0, z0 = _load_block(word_ptrs, s_ptr, z_ptr, block_start, n, n_ok, N, group_size, num_groups, SYMMETRIC, GROUPS)
+        w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(block_start + 1, block_end - 1), n, n_ok, N, group_size,
+                                 num_groups, SYMMETRIC, GROUPS)
         acc = gl.zeros([64, BLOCK_M], gl.float32, layout=mma_layout)
         for kb in range(block_start, block_end):
             i = ring_start + kb - block_start
             stage = i % STAGES
             phase = (i // STAGES) & 1
-            w, s, z = ahead[0]
-            words = w.to(gl.uint32, bitcast=True)
-            ahead = ahead[1:] + (_load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(kb + AHEAD, block_end - 1), n, n_ok, N,
-                                             group_size, num_groups, SYMMETRIC, GROUPS),)
+            words = w0.to(gl.uint32, bitcast=True)
+            s = s0
+            z = z0
+            w0 = w1
+            s0 = s1
+            z0 = z1
+            w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(kb + 2, block_end - 1), n, n_ok, N, group_size,
+                                     num_groups, SYMMETRIC, GROUPS)
             a_lo, a_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
             mbarrier.wait(x_ready.index(stage), phase)
             acc = warpgroup_mma(a_lo, x_smem.index(2 * stage).permute((1, 0)), acc, is_async=True)
@@ -239,17 +235,16 @@ if HAVE_GLUON:
     def _reduce_tile(part_ptr, y_ptr, first, last, programs, total, tile_unit, m0, n0, M, N, stride_ym, CONSUMER: gl.constexpr,
                      CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr):
         """y[m0.., n0..] (BLOCK_M tokens x 64 weight rows) = the sum of the partials of programs first..last in program
-        order (deterministic), CHUNK = min(BLOCK_M, 64) tokens at a time (few registers), two partials in flight per
-        step. tile_unit: the tile's first unit (a program that began before it wrote its partial to slot 1)."""
-        CHUNK: gl.constexpr = 64 if BLOCK_M >= 64 else BLOCK_M
-        sum_layout: gl.constexpr = _sum_layout(CHUNK)
+        order (deterministic), 64 tokens at a time (few registers), two partials in flight per step. tile_unit: the
+        tile's first unit (a program that began before it wrote its partial to slot 1)."""
+        sum_layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])  # a row's 64 tokens per 16 lanes
         out_layout: gl.constexpr = _y_layout()
         rows = gl.arange(0, 64, layout=gl.SliceLayout(1, sum_layout))
-        cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, sum_layout))
+        cols = gl.arange(0, 64, layout=gl.SliceLayout(0, sum_layout))
         offs_n = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
-        for c in gl.static_range(BLOCK_M // CHUNK):
-            local = rows[:, None] * BLOCK_M + (c * CHUNK + cols)[None, :]
-            reduced = gl.zeros([64, CHUNK], gl.float32, layout=sum_layout)
+        for c in gl.static_range(BLOCK_M // 64):
+            local = rows[:, None] * BLOCK_M + (c * 64 + cols)[None, :]
+            reduced = gl.zeros([64, 64], gl.float32, layout=sum_layout)
             for q in range(first, last + 1, 2):  # (the second partial of a step may be past `last`: masked)
                 q_slot = (((q.to(gl.int64) * total) // programs) < tile_unit).to(gl.int32)
                 q1_slot = ((((q + 1).to(gl.int64) * total) // programs) < tile_unit).to(gl.int32)
@@ -258,15 +253,14 @@ if HAVE_GLUON:
                                       mask=gl.full(local.shape, q + 1, gl.int32, sum_layout) <= last, other=0.0,
                                       cache_modifier=".cg")
                 reduced += first_part + second_part
-            offs_m = m0 + c * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(0, out_layout))
+            offs_m = m0 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(0, out_layout))
             gl.store(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], gl.convert_layout(reduced.to(y_ptr.dtype.element_ty), out_layout),
                      mask=(offs_m[None, :] < M) & (offs_n[:, None] < N))
 
     @gluon.jit
     def _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
                  stride_ym, unit, start, end, total, tiles_m, CONSUMER: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                 SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr,
-                 AHEAD: gl.constexpr):
+                 SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr):
         """The program's segment that begins at `unit` (a tile's run of K blocks, up to the tile's or the program's
         end), for rows CONSUMER * 64 .. + 63 of the tile: the accumulator, then y when the segment is the whole tile,
         else its fp32 partial and, for the tile's last arrival, the sum of the tile's partials in program order.
@@ -286,7 +280,7 @@ if HAVE_GLUON:
         # tile (n // 64, b) of 64 x 16 words is contiguous (1024 words); int64: the largest weights pass 2**31 bytes
         word_ptrs = qw_ptr + row_tile.to(gl.int64) * num_kb * 1024 + (rows * 16)[:, None] + cols[None, :]
         acc = _accumulate(word_ptrs, s_ptr, z_ptr, x_smem, x_ready, empty, n, n < N, N, block_start, block_end, unit - start,
-                          group_size, num_groups, a_layout, mma_layout, BLOCK_M, STAGES, SYMMETRIC, GROUPS, AHEAD)
+                          group_size, num_groups, a_layout, mma_layout, BLOCK_M, STAGES, SYMMETRIC, GROUPS)
 
         offs_n = row_tile * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
         offs_m = (tile % tiles_m) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
@@ -318,7 +312,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _consumer(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
                   stride_ym, CONSUMER: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SYMMETRIC: gl.constexpr,
-                  GROUPS: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr, AHEAD: gl.constexpr):
+                  GROUPS: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr):
         """Rows CONSUMER * 64 .. + 63 of each weight tile in the program's units, one segment at a time."""
         start, end, total, tiles_m = _work_range(M, N, num_kb, BLOCK_M, CONSUMERS)
         if SHARED_TILES:
@@ -326,11 +320,11 @@ if HAVE_GLUON:
             while unit < end:
                 unit = _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
                                 num_groups, stride_ym, unit, start, end, total, tiles_m, CONSUMER, BLOCK_M, STAGES, SYMMETRIC, GROUPS,
-                                CONSUMERS, SHARED_TILES, AHEAD)
+                                CONSUMERS, SHARED_TILES)
         else:  # one whole tile
             _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
                      stride_ym, start, start, end, total, tiles_m, CONSUMER, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS,
-                     SHARED_TILES, AHEAD)
+                     SHARED_TILES)
 
     @gluon.jit
     def _x_loader(x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
@@ -353,7 +347,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _pingpong_kernel(x_desc, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, group_size, stride_ym,
                          BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr,
-                         CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr, AHEAD: gl.constexpr):
+                         CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr):
         """y[M, N] = x[M, K] @ W[K, N]: see the module docstring for the contract, the work list and the partitions."""
         x_smem = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BLOCK_M, 64], x_desc.layout)
         x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -367,18 +361,15 @@ if HAVE_GLUON:
         if CONSUMERS == 2:
             gl.warp_specialize([
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
-                             num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES,
-                             AHEAD)),
+                             num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES)),
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
-                             num_groups, stride_ym, 1, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES,
-                             AHEAD)),
+                             num_groups, stride_ym, 1, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES)),
                 (_x_loader, (x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M, STAGES, CONSUMERS)),
             ], [4, 1], [_CONSUMER_REGS, 24])
         else:  # one consumer per program: two programs per SM (with maxnreg 128) ping-pong instead
             gl.warp_specialize([
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
-                             num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES,
-                             AHEAD)),
+                             num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES)),
                 (_x_loader, (x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M, STAGES, CONSUMERS)),
             ], [1], [24])
 
@@ -416,13 +407,10 @@ def _pingpong_launch(plan, in_features: int, group_size: int, symmetric: bool) -
         if not isinstance(programs, int) or programs < 0 or (programs and cfg.get("SPLIT_K", 1) != 1):
             raise ValueError(f"config PROGRAMS must be a positive int (a persistent grid) and then SPLIT_K 1, got {cfg!r}")
         block_m = cfg.get("BLOCK_M", 128)
-        if block_m not in (16, 32, 64, 128, 256):  # the wgmma's N (tokens); the reduction sums <= 64 tokens at a time
-            raise ValueError(f"config BLOCK_M must be 16, 32, 64, 128 or 256 for path 'pingpong', got {block_m!r}")
-        ahead = cfg.get("WORDS_AHEAD", 2)
-        if ahead not in (1, 2, 3, 4, 6, 8):
-            raise ValueError(f"config WORDS_AHEAD must be 1, 2, 3, 4, 6 or 8 (K blocks in registers), got {ahead!r}")
+        if block_m not in (64, 128, 256):  # the shared-tile reduction sums 64 tokens at a time (`_reduce_tile`)
+            raise ValueError(f"config BLOCK_M must be 64, 128 or 256 for path 'pingpong', got {block_m!r}")
         constexprs = dict(BLOCK_M=block_m, STAGES=cfg.get("num_stages", 4), SYMMETRIC=symmetric,
-                          GROUPS=groups_per_block(group_size, in_features), CONSUMERS=consumers, AHEAD=ahead)
+                          GROUPS=groups_per_block(group_size, in_features), CONSUMERS=consumers)
         options = _compile_options(cfg.get("maxnreg"))
         prepared = plan.launches[key] = _PingpongLaunch(constexprs["BLOCK_M"], cfg.get("SPLIT_K", 1), programs, consumers,
                                                         constexprs, options)
@@ -435,8 +423,8 @@ def _compile_options(maxnreg: int | None) -> dict:
 
 
 def launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: int, plan, out=None) -> torch.Tensor:
-    """y = x2 @ W by `_pingpong_kernel` with the plan's (a dispatch.Plan) BLOCK_M (16 .. 256), num_stages (ring
-    depth), SPLIT_K or PROGRAMS, CONSUMERS, WORDS_AHEAD (weight blocks prefetched into registers) and maxnreg. x2 [M, K] is copied first when TMA cannot read it in place."""
+    """y = x2 @ W by `_pingpong_kernel` with the plan's (a dispatch.Plan) BLOCK_M (64, 128 or 256), num_stages (ring
+    depth), SPLIT_K or PROGRAMS, CONSUMERS and maxnreg. x2 [M, K] is copied first when TMA cannot read it in place."""
     if not available(x2.device):
         raise RuntimeError(f"w4a16: path 'pingpong' needs Gluon (Triton >= 3.5) and an NVIDIA sm_90 GPU; x is on {x2.device}")
     run = _pingpong_launch(plan, in_features, group_size, zeros is None)
@@ -465,7 +453,7 @@ def launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: in
 
 def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, stages: int = 4, symmetric: bool = False,
                      zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None, groups: int = 1,
-                     consumers: int = 2, maxnreg: int | None = None, shared_tiles: bool = True, words_ahead: int = 2):
+                     consumers: int = 2, maxnreg: int | None = None, shared_tiles: bool = True):
     """Compile `_pingpong_kernel` for sm_90 without a GPU (CI runs this: Gluon API changes between Triton releases
     surface here). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
     from triton._C.libtriton import native_specialize_impl
@@ -480,7 +468,7 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, sta
                  "y_ptr": f"*{type_names[dtype]}", "part_ptr": "*fp32", "lock_ptr": "*i32",
                  "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_ym": "i32"}
     constexprs = {"BLOCK_M": block_m, "STAGES": stages, "SYMMETRIC": symmetric, "GROUPS": groups,
-                  "CONSUMERS": consumers, "SHARED_TILES": shared_tiles, "AHEAD": words_ahead}
+                  "CONSUMERS": consumers, "SHARED_TILES": shared_tiles}
     names = list(signature) + list(constexprs)
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in ("qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr", "N", "K")}
