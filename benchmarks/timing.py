@@ -141,7 +141,7 @@ VARIANTS = {  # weight/activation formats benchmarked and tuned: name -> (activa
 
 
 # the on / off options of a configuration are bools (the launcher refuses 1 for STREAM_PARAMS), the rest ints
-CONFIG_OPTIONS = ("SCALE_IN_OPERAND", "ONE_TOKEN", "GATHER_PDL", "STREAM_PARAMS")
+CONFIG_OPTIONS = ("SCALE_IN_OPERAND", "ONE_TOKEN", "GATHER_PDL", "STREAM_PARAMS", "UNPACK_AHEAD")
 
 
 def config_overrides(spec: str) -> dict:

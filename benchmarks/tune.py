@@ -119,9 +119,12 @@ def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536):
             for bm, stages in forms:
                 if bm > 2 * m:
                     continue
-                for split in split_counts(-(-n // rows) * -(-m // bm), k, per_sm * sm_count, most=4):
-                    yield "pingpong", {"BLOCK_M": bm, "num_stages": stages, "SPLIT_K": split, **extra}
-                yield "pingpong", {"BLOCK_M": bm, "num_stages": stages, "PROGRAMS": per_sm * sm_count, **extra}
+                # (the next block unpacked under the MMAs where a second operand set fits: BLOCK_M <= 128)
+                for ahead in ((False, True) if bm <= 128 else (False,)):
+                    form = _with_option({"BLOCK_M": bm, "num_stages": stages, **extra}, "UNPACK_AHEAD", ahead, default=False)
+                    for split in split_counts(-(-n // rows) * -(-m // bm), k, per_sm * sm_count, most=4):
+                        yield "pingpong", {**form, "SPLIT_K": split}
+                    yield "pingpong", {**form, "PROGRAMS": per_sm * sm_count}
     if m >= 64:  # the dense path (dequantize + cuBLAS): the H200 table picks it at M = 512 on four shapes, M >= 1024 on all
         yield "dense", {}
 
@@ -134,10 +137,13 @@ def around_plan(kernel, plan, m: int, act_order: bool = False, n: int = 0, k: in
     dependent of the gather of x), for scale-in-operand plans STREAM_PARAMS flipped (s / z streamed as
     32-bit words), and for uncapped 4-warp scale-in-operand plans a register cap (with BLOCK_M >= 32 also
     four dot parts and three stages) that fits one more CTA per SM, with and without a grown grid
-    (`more_ctas_per_sm`). Decides the options in a few timings where a full search
-    would take minutes per shape."""
+    (`more_ctas_per_sm`); for pingpong plans UNPACK_AHEAD flipped (`unpack_ahead_forms`). Decides the options in a
+    few timings where a full search would take minutes per shape."""
     config = dict(plan.config)
     yield plan.path, config
+    if plan.path == "pingpong":
+        yield from unpack_ahead_forms(config)
+        return
     if plan.path not in kernel.dispatch.TENSOR_CORE_PATHS:
         return
     for parts in (1, 2, 4, 8):
@@ -151,6 +157,18 @@ def around_plan(kernel, plan, m: int, act_order: bool = False, n: int = 0, k: in
         yield plan.path, _with_option(config, "STREAM_PARAMS", not config.get("STREAM_PARAMS", False), default=False)
     if n and k and sm_count:
         yield from more_ctas_per_sm(plan.path, config, m, n, k, sm_count, regs_per_sm)
+
+
+def unpack_ahead_forms(config: dict):
+    """("pingpong", config) pairs with the next K block unpacked under the current block's MMAs (UNPACK_AHEAD), or
+    without it where the plan has it. The second operand set costs 32 registers per consumer thread: BLOCK_M = 256
+    then spills (sm_90, Triton 3.6: 82 spill instructions), so such a plan is offered at BLOCK_M = 128 instead."""
+    if config.get("UNPACK_AHEAD"):
+        yield "pingpong", _with_option(config, "UNPACK_AHEAD", False, default=False)
+    elif config.get("BLOCK_M", 128) <= 128:
+        yield "pingpong", {**config, "UNPACK_AHEAD": True}
+    else:
+        yield "pingpong", {**config, "BLOCK_M": 128, "num_stages": 4, "UNPACK_AHEAD": True}
 
 
 def more_ctas_per_sm(path: str, config: dict, m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536):
@@ -289,7 +307,8 @@ def main() -> None:
     narrowed = ap.add_mutually_exclusive_group()  # searches that time a few candidates per entry
     narrowed.add_argument("--around-plan", action="store_true",
                     help="time only the current plan and the same with one option changed (DOT_PARTS; ONE_TOKEN at M = 1; "
-                         "GATHER_PDL for act-order; STREAM_PARAMS and one more CTA per SM for scale-in-operand plans)")
+                         "GATHER_PDL for act-order; STREAM_PARAMS and one more CTA per SM for scale-in-operand plans; "
+                         "UNPACK_AHEAD for pingpong plans)")
     narrowed.add_argument("--try", dest="tries", default="",
                           help="time only the current plan and the same with each ';'-separated KEY=INT,... set of entries "
                                "replaced (0 / 1 for options), whatever the plan's path, e.g. 'num_warps=8;num_warps=8,num_stages=3'")

@@ -26,12 +26,15 @@ def _on_hopper() -> bool:
     (torch.float16, False, torch.float16, 256, 4, 2, True),  # group 32, float (fractional) zeros
     (torch.float16, False, torch.uint8, 128, 1, 1, True),    # one consumer per program, maxnreg 128
 ])
-def test_pingpong_compiles_for_sm90(w4a16, dtype, symmetric, zeros_dtype, block_m, groups, consumers, shared_tiles):
+@pytest.mark.parametrize("unpack_ahead", [False, True])
+def test_pingpong_compiles_for_sm90(w4a16, dtype, symmetric, zeros_dtype, block_m, groups, consumers, shared_tiles,
+                                    unpack_ahead):
     pingpong = w4a16.gemm_pingpong
     if not pingpong.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     compiled = pingpong.compile_for_sm90(dtype, block_m, 3 if block_m < 256 else 2, symmetric, zeros_dtype, groups=groups,
-                                         consumers=consumers, maxnreg=128 if consumers == 1 else None, shared_tiles=shared_tiles)
+                                         consumers=consumers, maxnreg=128 if consumers == 1 else None, shared_tiles=shared_tiles,
+                                         unpack_ahead=unpack_ahead)
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx  # tensor cores fed by TMA
     assert "setmaxnreg" in ptx  # the partitions got their register budgets
@@ -95,6 +98,8 @@ def test_pingpong_refuses_what_it_cannot_run(w4a16, device):
             call({"PROGRAMS": 4, "SPLIT_K": 2})
         with pytest.raises(ValueError, match="BLOCK_M must be 64, 128 or 256"):  # (32: its shared tiles went unreduced)
             call({"BLOCK_M": 32, "SPLIT_K": 2})
+        with pytest.raises(ValueError, match="UNPACK_AHEAD must be True or False"):
+            call({"UNPACK_AHEAD": 1})
 
 
 @pytest.mark.skipif(not _on_hopper(), reason="the Gluon kernel needs an sm_90 GPU")
@@ -115,6 +120,11 @@ def test_pingpong_refuses_what_it_cannot_run(w4a16, device):
     {"BLOCK_M": 128, "num_stages": 2, "SPLIT_K": 2, "CONSUMERS": 1, "maxnreg": 128},
     {"BLOCK_M": 128, "num_stages": 3, "PROGRAMS": 5},  # Stream-K: tiles shared by 2-3 programs, and whole ones
     {"BLOCK_M": 64, "num_stages": 4, "PROGRAMS": 7, "CONSUMERS": 1, "maxnreg": 128},
+    # the next block unpacked under the MMAs: segments of odd and even lengths (split-K 3, Stream-K 5 / 7)
+    {"BLOCK_M": 128, "num_stages": 3, "SPLIT_K": 3, "UNPACK_AHEAD": True},
+    {"BLOCK_M": 128, "num_stages": 3, "PROGRAMS": 5, "UNPACK_AHEAD": True},
+    {"BLOCK_M": 64, "num_stages": 4, "PROGRAMS": 7, "CONSUMERS": 1, "maxnreg": 128, "UNPACK_AHEAD": True},
+    {"BLOCK_M": 256, "num_stages": 2, "SPLIT_K": 1, "UNPACK_AHEAD": True},
 ])
 def test_pingpong_matches_reference(w4a16, dtype, k, n, group_size, symmetric, fractional, config):
     weight, ref = random_layer(w4a16, k, n, group_size, symmetric, dtype, "cuda", seed=21, fractional_zeros=fractional)
@@ -122,12 +132,14 @@ def test_pingpong_matches_reference(w4a16, dtype, k, n, group_size, symmetric, f
 
 
 @pytest.mark.skipif(not _on_hopper(), reason="the Gluon kernel needs an sm_90 GPU")
-@pytest.mark.parametrize("programs,consumers", [(37, 2), (132, 2), (264, 1)])
-def test_pingpong_stream_k_many_contributors(w4a16, programs, consumers):
+@pytest.mark.parametrize("programs,consumers,unpack_ahead", [(37, 2, False), (132, 2, False), (264, 1, False), (37, 2, True),
+                                                               (264, 1, True)])
+def test_pingpong_stream_k_many_contributors(w4a16, programs, consumers, unpack_ahead):
     """A persistent grid on few tiles: each tile's 24 K blocks are shared by many programs (one or two units each),
     and segments cross tile boundaries; the reduction must still sum every partial once, in order."""
     weight, ref = random_layer(w4a16, 3072, 200, 128, False, torch.float16, "cuda", seed=31)
-    config = {"BLOCK_M": 64, "num_stages": 4, "PROGRAMS": programs, **({"CONSUMERS": 1, "maxnreg": 128} if consumers == 1 else {})}
+    config = {"BLOCK_M": 64, "num_stages": 4, "PROGRAMS": programs, "UNPACK_AHEAD": unpack_ahead,
+              **({"CONSUMERS": 1, "maxnreg": 128} if consumers == 1 else {})}
     assert_path_matches_reference(w4a16, weight, ref, ("pingpong", config), torch.float16, "cuda", (1, 64, 130), seed=32)
 
 

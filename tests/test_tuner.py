@@ -343,3 +343,23 @@ def test_compare_table_times_the_other_tables_plan(w4a16):
     current = plan({**SIO_16, "SPLIT_K": 2})
     assert list(tune.with_incumbent(current, (), [other])) == [("splitk", current.config), ("splitk", other.config)]  # as main()
     assert list(tune.with_incumbent(current, (), [])) == list(tune.with_incumbent(current, (), [current])) == [("splitk", current.config)]
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("config,changed", [
+    ({"BLOCK_M": 128, "num_stages": 3, "SPLIT_K": 2}, {"UNPACK_AHEAD": True}),
+    ({"BLOCK_M": 64, "num_stages": 4, "PROGRAMS": 264, "CONSUMERS": 1, "maxnreg": 128, "UNPACK_AHEAD": True},
+     {"UNPACK_AHEAD": None}),
+    # a second operand set does not fit beside a 256-token accumulator: offered at 128 tokens
+    ({"BLOCK_M": 256, "num_stages": 2, "PROGRAMS": 132}, {"BLOCK_M": 128, "num_stages": 4, "UNPACK_AHEAD": True}),
+])
+def test_around_plan_flips_unpack_ahead_on_pingpong_plans(w4a16, config, changed):
+    """--around-plan on a pingpong plan: the plan, then the same with UNPACK_AHEAD flipped (None: the key left out,
+    as tuned entries write a default), each a configuration the package accepts."""
+    tune = _tune_module()
+    dispatch = w4a16.dispatch
+    cpu = torch.device("cpu")
+    plan = dispatch.plan_gemm(256, 4096, 4096, 128, torch.float16, cpu, path="pingpong", config=config)
+    expected = {k: v for k, v in {**plan.config, **changed}.items() if v is not None}
+    assert list(tune.around_plan(w4a16, plan, 256)) == [("pingpong", plan.config), ("pingpong", expected)]
+    dispatch.plan_gemm(256, 4096, 4096, 128, torch.float16, cpu, path="pingpong", config=expected)  # accepted

@@ -186,7 +186,7 @@ def _heuristic(m: int, n: int, k: int, sm_count: int) -> Plan:
 
 
 CONFIG_KEYS = ("BLOCK_N", "BLOCK_M", "SPLIT_K", "PROGRAMS", "num_warps", "num_stages", "maxnreg", "SCALE_IN_OPERAND", "ONE_TOKEN",
-               "DOT_PARTS", "GATHER_PDL", "CONSUMERS", "STREAM_PARAMS")
+               "DOT_PARTS", "GATHER_PDL", "CONSUMERS", "STREAM_PARAMS", "UNPACK_AHEAD")
 
 
 def row_config(row: dict) -> dict:

@@ -197,7 +197,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _accumulate(word_ptrs, s_ptr, z_ptr, x_smem, x_ready, empty, n, n_ok, N, block_start, block_end, ring_start,
                     group_size, num_groups, a_layout: gl.constexpr, mma_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-                    STAGES: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr):
+                    STAGES: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, UNPACK_AHEAD: gl.constexpr):
         """acc [64, BLOCK_M] fp32 over K blocks [block_start, block_end) of one weight tile's 64 rows: words (and
         scale / zero) loaded two blocks ahead into registers, unpacked into the A operands, two wgmma (K = 64
         each) against x's stage, wait, release the stage. ring_start: the ring position of block_start."""
@@ -211,25 +211,69 @@ if HAVE_GLUON:
         w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(block_start + 1, block_end - 1), n, n_ok, N, group_size,
                                  num_groups, SYMMETRIC, GROUPS)
         acc = gl.zeros([64, BLOCK_M], gl.float32, layout=mma_layout)
-        for kb in range(block_start, block_end):
-            i = ring_start + kb - block_start
-            stage = i % STAGES
-            phase = (i // STAGES) & 1
+        if UNPACK_AHEAD:
+            # block b + 1 unpacked while block b's MMAs run, into the other of two operand sets (unrolled by two:
+            # a loop-carried operand would be rewritten under its own in-flight wgmma, which ptxas then serializes)
             words = w0.to(gl.uint32, bitcast=True)
             s = s0
             z = z0
-            w0 = w1
-            s0 = s1
-            z0 = z1
-            w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(kb + 2, block_end - 1), n, n_ok, N, group_size,
+            w0, s0, z0 = w1, s1, z1
+            w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(block_start + 2, block_end - 1), n, n_ok, N, group_size,
                                      num_groups, SYMMETRIC, GROUPS)
             a_lo, a_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
-            mbarrier.wait(x_ready.index(stage), phase)
-            acc = warpgroup_mma(a_lo, x_smem.index(2 * stage).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma(a_hi, x_smem.index(2 * stage + 1).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-            mbarrier.arrive(empty.index(stage), count=1)
+            i = ring_start
+            for kb in range(block_start, block_end - 1, 2):  # blocks kb (operands a) and kb + 1 (operands b)
+                acc = _issue_block_mmas(a_lo, a_hi, acc, x_smem, x_ready, i, STAGES)
+                words = w0.to(gl.uint32, bitcast=True)
+                s = s0
+                z = z0
+                w0, s0, z0 = w1, s1, z1
+                w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(kb + 3, block_end - 1), n, n_ok, N, group_size,
+                                         num_groups, SYMMETRIC, GROUPS)
+                b_lo, b_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
+                acc, a_lo, a_hi = warpgroup_mma_wait(num_outstanding=0, deps=[acc, a_lo, a_hi])
+                mbarrier.arrive(empty.index(i % STAGES), count=1)
+                acc = _issue_block_mmas(b_lo, b_hi, acc, x_smem, x_ready, i + 1, STAGES)
+                words = w0.to(gl.uint32, bitcast=True)
+                s = s0
+                z = z0
+                w0, s0, z0 = w1, s1, z1
+                w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(kb + 4, block_end - 1), n, n_ok, N, group_size,
+                                         num_groups, SYMMETRIC, GROUPS)
+                if kb + 2 < block_end:
+                    a_lo, a_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
+                acc, b_lo, b_hi = warpgroup_mma_wait(num_outstanding=0, deps=[acc, b_lo, b_hi])
+                mbarrier.arrive(empty.index((i + 1) % STAGES), count=1)
+                i += 2
+            if (block_end - block_start) % 2 == 1:  # an odd segment's last block
+                acc = _issue_block_mmas(a_lo, a_hi, acc, x_smem, x_ready, i, STAGES)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+                mbarrier.arrive(empty.index(i % STAGES), count=1)
+        else:
+            for kb in range(block_start, block_end):
+                i = ring_start + kb - block_start
+                stage = i % STAGES
+                words = w0.to(gl.uint32, bitcast=True)
+                s = s0
+                z = z0
+                w0 = w1
+                s0 = s1
+                z0 = z1
+                w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(kb + 2, block_end - 1), n, n_ok, N, group_size,
+                                         num_groups, SYMMETRIC, GROUPS)
+                a_lo, a_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
+                acc = _issue_block_mmas(a_lo, a_hi, acc, x_smem, x_ready, i, STAGES)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+                mbarrier.arrive(empty.index(stage), count=1)
         return acc
+
+    @gluon.jit
+    def _issue_block_mmas(a_lo, a_hi, acc, x_smem, x_ready, i, STAGES: gl.constexpr):
+        """Once x's ring position i has landed: the block's two wgmma (K = 64 each), issued, not waited for."""
+        stage = i % STAGES
+        mbarrier.wait(x_ready.index(stage), (i // STAGES) & 1)
+        acc = warpgroup_mma(a_lo, x_smem.index(2 * stage).permute((1, 0)), acc, is_async=True)
+        return warpgroup_mma(a_hi, x_smem.index(2 * stage + 1).permute((1, 0)), acc, is_async=True)
 
     @gluon.jit
     def _reduce_tile(part_ptr, y_ptr, first, last, programs, total, tile_unit, m0, n0, M, N, stride_ym, CONSUMER: gl.constexpr,
@@ -260,7 +304,8 @@ if HAVE_GLUON:
     @gluon.jit
     def _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
                  stride_ym, unit, start, end, total, tiles_m, CONSUMER: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                 SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr):
+                 SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr,
+                 UNPACK_AHEAD: gl.constexpr):
         """The program's segment that begins at `unit` (a tile's run of K blocks, up to the tile's or the program's
         end), for rows CONSUMER * 64 .. + 63 of the tile: the accumulator, then y when the segment is the whole tile,
         else its fp32 partial and, for the tile's last arrival, the sum of the tile's partials in program order.
@@ -280,7 +325,7 @@ if HAVE_GLUON:
         # tile (n // 64, b) of 64 x 16 words is contiguous (1024 words); int64: the largest weights pass 2**31 bytes
         word_ptrs = qw_ptr + row_tile.to(gl.int64) * num_kb * 1024 + (rows * 16)[:, None] + cols[None, :]
         acc = _accumulate(word_ptrs, s_ptr, z_ptr, x_smem, x_ready, empty, n, n < N, N, block_start, block_end, unit - start,
-                          group_size, num_groups, a_layout, mma_layout, BLOCK_M, STAGES, SYMMETRIC, GROUPS)
+                          group_size, num_groups, a_layout, mma_layout, BLOCK_M, STAGES, SYMMETRIC, GROUPS, UNPACK_AHEAD)
 
         offs_n = row_tile * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
         offs_m = (tile % tiles_m) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
@@ -312,7 +357,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _consumer(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
                   stride_ym, CONSUMER: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SYMMETRIC: gl.constexpr,
-                  GROUPS: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr):
+                  GROUPS: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr, UNPACK_AHEAD: gl.constexpr):
         """Rows CONSUMER * 64 .. + 63 of each weight tile in the program's units, one segment at a time."""
         start, end, total, tiles_m = _work_range(M, N, num_kb, BLOCK_M, CONSUMERS)
         if SHARED_TILES:
@@ -320,11 +365,11 @@ if HAVE_GLUON:
             while unit < end:
                 unit = _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
                                 num_groups, stride_ym, unit, start, end, total, tiles_m, CONSUMER, BLOCK_M, STAGES, SYMMETRIC, GROUPS,
-                                CONSUMERS, SHARED_TILES)
+                                CONSUMERS, SHARED_TILES, UNPACK_AHEAD)
         else:  # one whole tile
             _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
                      stride_ym, start, start, end, total, tiles_m, CONSUMER, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS,
-                     SHARED_TILES)
+                     SHARED_TILES, UNPACK_AHEAD)
 
     @gluon.jit
     def _x_loader(x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
@@ -347,7 +392,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _pingpong_kernel(x_desc, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, group_size, stride_ym,
                          BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr,
-                         CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr):
+                         CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr, UNPACK_AHEAD: gl.constexpr):
         """y[M, N] = x[M, K] @ W[K, N]: see the module docstring for the contract, the work list and the partitions."""
         x_smem = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BLOCK_M, 64], x_desc.layout)
         x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -361,15 +406,18 @@ if HAVE_GLUON:
         if CONSUMERS == 2:
             gl.warp_specialize([
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
-                             num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES)),
+                             num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES,
+                             UNPACK_AHEAD)),
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
-                             num_groups, stride_ym, 1, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES)),
+                             num_groups, stride_ym, 1, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES,
+                             UNPACK_AHEAD)),
                 (_x_loader, (x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M, STAGES, CONSUMERS)),
             ], [4, 1], [_CONSUMER_REGS, 24])
         else:  # one consumer per program: two programs per SM (with maxnreg 128) ping-pong instead
             gl.warp_specialize([
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
-                             num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES)),
+                             num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES,
+                             UNPACK_AHEAD)),
                 (_x_loader, (x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M, STAGES, CONSUMERS)),
             ], [1], [24])
 
@@ -409,8 +457,11 @@ def _pingpong_launch(plan, in_features: int, group_size: int, symmetric: bool) -
         block_m = cfg.get("BLOCK_M", 128)
         if block_m not in (64, 128, 256):  # the shared-tile reduction sums 64 tokens at a time (`_reduce_tile`)
             raise ValueError(f"config BLOCK_M must be 64, 128 or 256 for path 'pingpong', got {block_m!r}")
+        unpack_ahead = cfg.get("UNPACK_AHEAD", False)
+        if not isinstance(unpack_ahead, bool):
+            raise ValueError(f"config UNPACK_AHEAD must be True or False, got {unpack_ahead!r}")
         constexprs = dict(BLOCK_M=block_m, STAGES=cfg.get("num_stages", 4), SYMMETRIC=symmetric,
-                          GROUPS=groups_per_block(group_size, in_features), CONSUMERS=consumers)
+                          GROUPS=groups_per_block(group_size, in_features), CONSUMERS=consumers, UNPACK_AHEAD=unpack_ahead)
         options = _compile_options(cfg.get("maxnreg"))
         prepared = plan.launches[key] = _PingpongLaunch(constexprs["BLOCK_M"], cfg.get("SPLIT_K", 1), programs, consumers,
                                                         constexprs, options)
@@ -453,7 +504,7 @@ def launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: in
 
 def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, stages: int = 4, symmetric: bool = False,
                      zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None, groups: int = 1,
-                     consumers: int = 2, maxnreg: int | None = None, shared_tiles: bool = True):
+                     consumers: int = 2, maxnreg: int | None = None, shared_tiles: bool = True, unpack_ahead: bool = False):
     """Compile `_pingpong_kernel` for sm_90 without a GPU (CI runs this: Gluon API changes between Triton releases
     surface here). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
     from triton._C.libtriton import native_specialize_impl
@@ -468,7 +519,7 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, sta
                  "y_ptr": f"*{type_names[dtype]}", "part_ptr": "*fp32", "lock_ptr": "*i32",
                  "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_ym": "i32"}
     constexprs = {"BLOCK_M": block_m, "STAGES": stages, "SYMMETRIC": symmetric, "GROUPS": groups,
-                  "CONSUMERS": consumers, "SHARED_TILES": shared_tiles}
+                  "CONSUMERS": consumers, "SHARED_TILES": shared_tiles, "UNPACK_AHEAD": unpack_ahead}
     names = list(signature) + list(constexprs)
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in ("qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr", "N", "K")}
