@@ -14,7 +14,9 @@ Triton's automatic warp specialisation does not apply to that loop). Here one pr
 Each consumer unpacks its rows' words straight into wgmma A-operand registers as (q - z) * s in x's dtype (the
 layout makes that register relabelling, `_OPERAND_WORDS`), multiplies them with x's tile from shared memory (B),
 waits, releases the stage. The two consumers drift apart, so one unpacks while the other's MMA runs (ping-pong
-without explicit ordering), and nothing but the x ring is shared.
+without explicit ordering), and nothing but the x ring is shared. With UNPACK_AHEAD a consumer also unpacks block
+b + 1 into a second operand set while block b's MMAs run (32 more registers: BLOCK_M <= 128; on the H200 it paid on
+one tuned entry and tied or lost on the rest, NOTES v24).
 
 Contract (`launch_pingpong`): x [M, K] fp16 / bf16 (unit stride along K, 16-byte aligned rows: TMA); qweight int32
 [ceil(N/64), ceil(K/128), 64, 16] (layout.py: word 2p + h of row n in K block b holds at nibble q + 4t the code of
@@ -163,10 +165,11 @@ if HAVE_GLUON:
                 gl.convert_layout(hi.to(dtype, bitcast=True), a_layout, assert_trivial=True))
 
     @gluon.jit
-    def _load_block(word_ptrs, s_ptr, z_ptr, kb, n, n_ok, N, group_size, num_groups, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr):
+    def _load_block(fetch, kb, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr):
         """K block kb's words [64, 16] and the scales and zeros (tuples of GROUPS) of its groups for rows n (the scale
         again as the zero when SYMMETRIC: never used, no zeros tensor exists). Groups past K (a last block that
-        K ends inside) read as 0."""
+        K ends inside) read as 0. fetch: (word_ptrs, s_ptr, z_ptr, n, n_ok, N, group_size, num_groups)."""
+        word_ptrs, s_ptr, z_ptr, n, n_ok, N, group_size, num_groups = fetch
         words = gl.load(word_ptrs + kb * 1024, mask=n_ok[:, None], other=0)
         scales = ()
         zeros = ()
@@ -180,6 +183,13 @@ if HAVE_GLUON:
             else:
                 zeros = zeros + (gl.load(z_ptr + g * N + n, mask=ok, other=0),)
         return words, scales, zeros
+
+    @gluon.jit
+    def _advance(ring, fetch, kb_fetch, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr):
+        """The register ring's first block (words as uint32, scales, zeros), and the ring moved on by one with block
+        kb_fetch loaded at its end."""
+        words, s, z = ring[0]
+        return (words.to(gl.uint32, bitcast=True), s, z), (ring[1], _load_block(fetch, kb_fetch, SYMMETRIC, GROUPS))
 
     @gluon.jit
     def _work_range(M, N, num_kb, BLOCK_M: gl.constexpr, CONSUMERS: gl.constexpr):
@@ -205,41 +215,29 @@ if HAVE_GLUON:
         MAGIC: gl.constexpr = _MAGIC_PAIRS[0] if dtype == gl.float16 else _MAGIC_PAIRS[1]
         MAGIC_VALUE: gl.constexpr = _MAGIC_VALUES[0] if dtype == gl.float16 else _MAGIC_VALUES[1]
         PAIR: gl.constexpr = "f16x2" if dtype == gl.float16 else "bf16x2"
-        # blocks block_start and block_start + 1 in flight before the loop; each iteration fetches the one two ahead
+        # blocks block_start and block_start + 1 in flight before the loop; each step fetches the one two ahead
         # (clamped to the segment's last block: the tail re-reads it instead of reading past the range)
-        w0, s0, z0 = _load_block(word_ptrs, s_ptr, z_ptr, block_start, n, n_ok, N, group_size, num_groups, SYMMETRIC, GROUPS)
-        w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(block_start + 1, block_end - 1), n, n_ok, N, group_size,
-                                 num_groups, SYMMETRIC, GROUPS)
+        fetch = (word_ptrs, s_ptr, z_ptr, n, n_ok, N, group_size, num_groups)
+        ring = (_load_block(fetch, block_start, SYMMETRIC, GROUPS),
+                _load_block(fetch, gl.minimum(block_start + 1, block_end - 1), SYMMETRIC, GROUPS))
         acc = gl.zeros([64, BLOCK_M], gl.float32, layout=mma_layout)
         if UNPACK_AHEAD:
             # block b + 1 unpacked while block b's MMAs run, into the other of two operand sets (unrolled by two:
             # a loop-carried operand would be rewritten under its own in-flight wgmma, which ptxas then serializes)
-            words = w0.to(gl.uint32, bitcast=True)
-            s = s0
-            z = z0
-            w0, s0, z0 = w1, s1, z1
-            w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(block_start + 2, block_end - 1), n, n_ok, N, group_size,
-                                     num_groups, SYMMETRIC, GROUPS)
+            block, ring = _advance(ring, fetch, gl.minimum(block_start + 2, block_end - 1), SYMMETRIC, GROUPS)
+            words, s, z = block
             a_lo, a_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
             i = ring_start
             for kb in range(block_start, block_end - 1, 2):  # blocks kb (operands a) and kb + 1 (operands b)
                 acc = _issue_block_mmas(a_lo, a_hi, acc, x_smem, x_ready, i, STAGES)
-                words = w0.to(gl.uint32, bitcast=True)
-                s = s0
-                z = z0
-                w0, s0, z0 = w1, s1, z1
-                w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(kb + 3, block_end - 1), n, n_ok, N, group_size,
-                                         num_groups, SYMMETRIC, GROUPS)
+                block, ring = _advance(ring, fetch, gl.minimum(kb + 3, block_end - 1), SYMMETRIC, GROUPS)
+                words, s, z = block
                 b_lo, b_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
                 acc, a_lo, a_hi = warpgroup_mma_wait(num_outstanding=0, deps=[acc, a_lo, a_hi])
                 mbarrier.arrive(empty.index(i % STAGES), count=1)
                 acc = _issue_block_mmas(b_lo, b_hi, acc, x_smem, x_ready, i + 1, STAGES)
-                words = w0.to(gl.uint32, bitcast=True)
-                s = s0
-                z = z0
-                w0, s0, z0 = w1, s1, z1
-                w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(kb + 4, block_end - 1), n, n_ok, N, group_size,
-                                         num_groups, SYMMETRIC, GROUPS)
+                block, ring = _advance(ring, fetch, gl.minimum(kb + 4, block_end - 1), SYMMETRIC, GROUPS)
+                words, s, z = block
                 if kb + 2 < block_end:
                     a_lo, a_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
                 acc, b_lo, b_hi = warpgroup_mma_wait(num_outstanding=0, deps=[acc, b_lo, b_hi])
@@ -252,19 +250,12 @@ if HAVE_GLUON:
         else:
             for kb in range(block_start, block_end):
                 i = ring_start + kb - block_start
-                stage = i % STAGES
-                words = w0.to(gl.uint32, bitcast=True)
-                s = s0
-                z = z0
-                w0 = w1
-                s0 = s1
-                z0 = z1
-                w1, s1, z1 = _load_block(word_ptrs, s_ptr, z_ptr, gl.minimum(kb + 2, block_end - 1), n, n_ok, N, group_size,
-                                         num_groups, SYMMETRIC, GROUPS)
+                block, ring = _advance(ring, fetch, gl.minimum(kb + 2, block_end - 1), SYMMETRIC, GROUPS)
+                words, s, z = block
                 a_lo, a_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
                 acc = _issue_block_mmas(a_lo, a_hi, acc, x_smem, x_ready, i, STAGES)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-                mbarrier.arrive(empty.index(stage), count=1)
+                mbarrier.arrive(empty.index(i % STAGES), count=1)
         return acc
 
     @gluon.jit
@@ -475,7 +466,8 @@ def _compile_options(maxnreg: int | None) -> dict:
 
 def launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: int, plan, out=None) -> torch.Tensor:
     """y = x2 @ W by `_pingpong_kernel` with the plan's (a dispatch.Plan) BLOCK_M (64, 128 or 256), num_stages (ring
-    depth), SPLIT_K or PROGRAMS, CONSUMERS and maxnreg. x2 [M, K] is copied first when TMA cannot read it in place."""
+    depth), SPLIT_K or PROGRAMS, CONSUMERS, UNPACK_AHEAD and maxnreg. x2 [M, K] is copied first when TMA cannot read it
+    in place."""
     if not available(x2.device):
         raise RuntimeError(f"w4a16: path 'pingpong' needs Gluon (Triton >= 3.5) and an NVIDIA sm_90 GPU; x is on {x2.device}")
     run = _pingpong_launch(plan, in_features, group_size, zeros is None)
