@@ -210,7 +210,8 @@ if HAVE_GLUON:
                     STAGES: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, UNPACK_AHEAD: gl.constexpr):
         """acc [64, BLOCK_M] fp32 over K blocks [block_start, block_end) of one weight tile's 64 rows: words (and
         scale / zero) loaded two blocks ahead into registers, unpacked into the A operands, two wgmma (K = 64
-        each) against x's stage, wait, release the stage. ring_start: the ring position of block_start."""
+        each) against x's stage, wait, release the stage (UNPACK_AHEAD: the next block unpacked before that wait).
+        ring_start: the x ring position of block_start."""
         dtype: gl.constexpr = x_smem.dtype
         MAGIC: gl.constexpr = _MAGIC_PAIRS[0] if dtype == gl.float16 else _MAGIC_PAIRS[1]
         MAGIC_VALUE: gl.constexpr = _MAGIC_VALUES[0] if dtype == gl.float16 else _MAGIC_VALUES[1]
