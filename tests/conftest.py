@@ -21,9 +21,18 @@ import importlib.util  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 REPO_ID = "w4a16-kernels/w4a16"
+
+# Triton's interpreter patches triton.language for each call of a device function from an interpreted kernel and
+# does not undo it (Triton 3.9: interpreter.py, the device-function `__call__` leaves its `_patch_lang` scope open;
+# the kernel-level scope is restored). Interpreted kernels do not mind, but a Gluon compile later in the same
+# process then builds through the interpreter's builder and fails. What the interpreter patches, as it was before
+# any kernel ran, for `pristine_triton_language`:
+_LANGUAGE_OBJECTS = (tl, tl.core, tl.math, tl.core.tensor, tl.core.dtype, tl.core.tensor_descriptor_base)
+_PRISTINE = {obj: dict(vars(obj)) for obj in _LANGUAGE_OBJECTS}
 
 
 def pytest_configure(config):
@@ -71,3 +80,16 @@ def w4a16(build_dir):
 @pytest.fixture
 def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def pristine_triton_language():
+    """triton.language as it was before any interpreted kernel ran (see `_PRISTINE`), for a compile that must not
+    see the interpreter's leftover patches (the Gluon kernel's sm_90 compile on the CPU)."""
+    for obj, saved in _PRISTINE.items():
+        for name in set(vars(obj)) - set(saved):
+            delattr(obj, name)
+        for name, value in saved.items():
+            if vars(obj).get(name) is not value:
+                setattr(obj, name, value)
+

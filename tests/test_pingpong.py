@@ -27,8 +27,8 @@ def _on_hopper() -> bool:
     (torch.float16, False, torch.uint8, 128, 1, 1, True),    # one consumer per program, maxnreg 128
 ])
 @pytest.mark.parametrize("unpack_ahead", [False, True])
-def test_pingpong_compiles_for_sm90(w4a16, dtype, symmetric, zeros_dtype, block_m, groups, consumers, shared_tiles,
-                                    unpack_ahead):
+def test_pingpong_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmetric, zeros_dtype, block_m, groups,
+                                    consumers, shared_tiles, unpack_ahead):
     pingpong = w4a16.gemm_pingpong
     if not pingpong.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
