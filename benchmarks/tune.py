@@ -119,12 +119,10 @@ def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536):
             for bm, stages in forms:
                 if bm > 2 * m:
                     continue
-                # (the next block unpacked under the MMAs where a second operand set fits: BLOCK_M <= 128)
-                for ahead in ((False, True) if bm <= 128 else (False,)):
-                    form = _with_option({"BLOCK_M": bm, "num_stages": stages, **extra}, "UNPACK_AHEAD", ahead, default=False)
-                    for split in split_counts(-(-n // rows) * -(-m // bm), k, per_sm * sm_count, most=4):
-                        yield "pingpong", {**form, "SPLIT_K": split}
-                    yield "pingpong", {**form, "PROGRAMS": per_sm * sm_count}
+                # (UNPACK_AHEAD is left to --around-plan: it won on 1 of 29 pingpong entries, NOTES v24)
+                for split in split_counts(-(-n // rows) * -(-m // bm), k, per_sm * sm_count, most=4):
+                    yield "pingpong", {"BLOCK_M": bm, "num_stages": stages, "SPLIT_K": split, **extra}
+                yield "pingpong", {"BLOCK_M": bm, "num_stages": stages, "PROGRAMS": per_sm * sm_count, **extra}
     if m >= 64:  # the dense path (dequantize + cuBLAS): the H200 table picks it at M = 512 on four shapes, M >= 1024 on all
         yield "dense", {}
 
