@@ -32,7 +32,7 @@ def main() -> None:
     weight = timing.random_w4_weights(kernel, n, k, 128, 1, symmetric=args.symmetric)[0]
     x = torch.randn(args.m, k, device="cuda", dtype=torch.float16)
     plan = kernel.plan_for(weight, args.m)
-    config = {**plan.config, **timing.config_overrides(args.set)}
+    config = {**plan.config, **timing.config_overrides(args.set, kernel)}
     print(args.shape, "M =", args.m, "plan:", plan.path, config)
     for _ in range(3):
         kernel.matmul.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, weight.perm, k, weight.group_size,

@@ -140,18 +140,16 @@ VARIANTS = {  # weight/activation formats benchmarked and tuned: name -> (activa
 }
 
 
-# the on / off options of a configuration are bools (the launcher refuses 1 for STREAM_PARAMS), the rest ints
-CONFIG_OPTIONS = ("SCALE_IN_OPERAND", "ONE_TOKEN", "GATHER_PDL", "STREAM_PARAMS", "UNPACK_AHEAD")
-
-
-def config_overrides(spec: str) -> dict:
-    """`--set KEY=INT,...` of the profiling scripts as configuration entries (0 / 1 for the options)."""
+def config_overrides(spec: str, kernel) -> dict:
+    """`--set KEY=INT,...` of the profiling scripts as configuration entries: 0 / 1 as bools for the on / off
+    options (`kernel.dispatch.CONFIG_OPTIONS`, which a forced config must give as bools), ints otherwise."""
+    options = kernel.dispatch.CONFIG_OPTIONS
     overrides = {}
     for item in filter(None, spec.split(",")):
         key, _, value = item.partition("=")
         if not key or not value.lstrip("-").isdigit():
-            raise SystemExit(f"--set / --try: each entry must be KEY=INT (0 / 1 for {', '.join(CONFIG_OPTIONS)}), got {item!r}")
-        overrides[key] = bool(int(value)) if key in CONFIG_OPTIONS else int(value)
+            raise SystemExit(f"--set / --try: each entry must be KEY=INT (0 / 1 for {', '.join(options)}), got {item!r}")
+        overrides[key] = bool(int(value)) if key in options else int(value)
     return overrides
 
 

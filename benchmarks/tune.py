@@ -341,6 +341,7 @@ def main() -> None:
         return {**fields, "act_order": True} if act_order else fields
     ms = [int(v) for v in args.m.split(",")]
     compared = kernel.dispatch.index_tuned_entries(json.loads(Path(args.compare_table).read_text())) if args.compare_table else None
+    try_sets = [timing.config_overrides(spec, kernel) for spec in args.tries.split(";")] if args.tries else []
     entries, log = [], []
     kept = json.loads(Path(args.out).read_text())["entries"] if (args.merge and Path(args.out).exists()) else []
     for shape in timing.select_shapes(args.shapes, shapes):
@@ -360,9 +361,8 @@ def main() -> None:
                 neighbours.append(kernel.dispatch.plan_gemm(m, n, k, table_group_size, torch.float16, w0.qweight.device))
             searched = () if args.incumbents_only else (
                 pair for pair in candidates(m, n, k, sm_count, regs_per_sm) if not paths or pair[0] in paths)
-            if args.tries:  # the current plan with each set of entries replaced
-                pairs = with_incumbent(current, [(current.path, {**current.config, **timing.config_overrides(spec)})
-                                                 for spec in args.tries.split(";")])
+            if try_sets:  # the current plan with each set of entries replaced
+                pairs = with_incumbent(current, [(current.path, {**current.config, **entries}) for entries in try_sets])
             elif args.around_plan:
                 pairs = around_plan(kernel, current, m, act_order, n, k, sm_count, regs_per_sm)
             elif compared is not None:  # the current plan, then the other table's for the same call

@@ -519,6 +519,12 @@ def test_dispatch_plans(w4a16):
     # a commit id, marked as tune.py's machine_info marks it (a table changed in-session, a dirty tree)
     assert stamps and all(re.fullmatch(r"[0-9a-f]{7,40}(\+tuned-in-session|-dirty)?", c) for c in stamps), sorted(set(stamps))
     assert all(set(r) <= known | {"dtype", "group_size", "symmetric", "act_order"} for rows in by_format.values() for r in rows.values())
+    # the on / off options are bools in every entry and FALLBACK, as a forced config must give them
+    entries = [r for rows in table.values() for r in rows] + [r for rows in by_format.values() for r in rows.values()]
+    entries += [r["FALLBACK"] for r in entries if "FALLBACK" in r]
+    assert all(type(r[key]) is bool for r in entries for key in dispatch.CONFIG_OPTIONS if key in r)
+    with pytest.raises(ValueError, match="ONE_TOKEN must be True or False"):
+        dispatch.plan_gemm(1, 64, 256, 128, torch.float16, cpu, path="splitk", config={"ONE_TOKEN": 1})
     modes = {r.get("SCALE_IN_OPERAND") for rows in table.values() for r in rows if r["path"] in ("splitk", "tiled")}
     assert modes == {True, False}
     # a forced path takes overrides of its launch configuration; anything else is a clear error

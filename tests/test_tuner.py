@@ -261,19 +261,19 @@ def test_shape_selection_takes_names_and_literal_shapes():
 
 @pytest.mark.kernels_ci
 def test_set_overrides_type_options_as_bools(w4a16):
-    """--set of sass_report.py / profile_one.py: the on / off options become bools (the launcher refuses
+    """--set of sass_report.py / profile_one.py: the on / off options become bools (the dispatcher refuses
     STREAM_PARAMS=1 by name), every other entry an int; the prepared launch accepts the result."""
     _tune_module()  # puts benchmarks/ on sys.path
     import timing
 
-    overrides = timing.config_overrides("num_stages=3,maxnreg=168,STREAM_PARAMS=1,DOT_PARTS=4,SCALE_IN_OPERAND=1")
+    overrides = timing.config_overrides("num_stages=3,maxnreg=168,STREAM_PARAMS=1,DOT_PARTS=4,SCALE_IN_OPERAND=1", w4a16)
     assert overrides == {"num_stages": 3, "maxnreg": 168, "STREAM_PARAMS": True, "DOT_PARTS": 4, "SCALE_IN_OPERAND": True}
-    assert all(type(overrides[key]) is bool for key in timing.CONFIG_OPTIONS if key in overrides)
-    assert set(timing.CONFIG_OPTIONS) <= set(w4a16.dispatch.CONFIG_KEYS)
-    assert timing.config_overrides("") == {}
+    assert all(type(overrides[key]) is bool for key in w4a16.dispatch.CONFIG_OPTIONS if key in overrides)
+    assert set(w4a16.dispatch.CONFIG_OPTIONS) <= set(w4a16.dispatch.CONFIG_KEYS)
+    assert timing.config_overrides("", w4a16) == {}
     for bad in ("num_warps", "num_warps=eight", "=4", "DOT_PARTS=2.5"):
         with pytest.raises(SystemExit, match="KEY=INT"):
-            timing.config_overrides(bad)
+            timing.config_overrides(bad, w4a16)
     plan = w4a16.dispatch.plan_gemm(64, 4096, 4096, 128, torch.float16, torch.device("cpu"), path="splitk", config=overrides)
     launch = w4a16.gemm._prepare_matmul_launch(plan, torch.float16, "cuda", False, 4096, 128, False, True)  # accepted
     assert launch.kernel.constexprs["STREAM_PARAMS"] is True and launch.kernel.constexprs["DOT_PARTS"] == 4
@@ -289,7 +289,7 @@ def test_try_times_the_plan_with_each_override_set(w4a16):
 
     cpu = torch.device("cpu")
     plan = w4a16.dispatch.plan_gemm(64, 4096, 4096, 128, torch.float16, cpu, path="splitk", config=SIO_64)
-    sets = [timing.config_overrides(spec) for spec in "num_warps=8;num_warps=8,num_stages=3,STREAM_PARAMS=1".split(";")]
+    sets = [timing.config_overrides(spec, w4a16) for spec in "num_warps=8;num_warps=8,num_stages=3,STREAM_PARAMS=1".split(";")]
     pairs = list(tune.with_incumbent(plan, [(plan.path, {**plan.config, **overrides}) for overrides in sets]))  # as main() does
     assert pairs == [("splitk", plan.config), ("splitk", {**plan.config, "num_warps": 8}),
                      ("splitk", {**plan.config, "num_warps": 8, "num_stages": 3, "STREAM_PARAMS": True})]

@@ -36,7 +36,7 @@ import torch
 from .gemm_pingpong import available as pingpong_available
 
 __all__ = ["PATHS", "TENSOR_CORE_PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "index_tuned_entries",
-           "format_key", "tuned_row", "row_config", "programmatic_launch"]
+           "format_key", "tuned_row", "CONFIG_KEYS", "CONFIG_OPTIONS", "row_config", "programmatic_launch"]
 
 logger = logging.getLogger(__name__)
 
@@ -189,6 +189,11 @@ CONFIG_KEYS = ("BLOCK_N", "BLOCK_M", "SPLIT_K", "PROGRAMS", "num_warps", "num_st
                "DOT_PARTS", "GATHER_PDL", "CONSUMERS", "STREAM_PARAMS", "UNPACK_AHEAD")
 
 
+# the on / off options among them: bools (a forced config is checked in `_forced`, the one place caller-given
+# configurations enter; the shipped table's entries by tests/test_gemm.py's table test)
+CONFIG_OPTIONS = ("SCALE_IN_OPERAND", "ONE_TOKEN", "GATHER_PDL", "STREAM_PARAMS", "UNPACK_AHEAD")
+
+
 def row_config(row: dict) -> dict:
     """The launch configuration a tuned entry holds (its keys of CONFIG_KEYS; not its path, time or notes)."""
     return {key: row[key] for key in CONFIG_KEYS if key in row}
@@ -212,6 +217,9 @@ def _forced(path: str, m: int, n: int, k: int, config: dict | None = None) -> Pl
         unknown = set(config) - set(CONFIG_KEYS)
         if unknown:
             raise ValueError(f"config keys must be among {CONFIG_KEYS}, got {sorted(unknown)}")
+        for key in CONFIG_OPTIONS:
+            if key in config and not isinstance(config[key], bool):
+                raise ValueError(f"config {key} must be True or False, got {config[key]!r}")
         plan = Plan(path, {**plan.config, **config}, "forced")
     return plan
 

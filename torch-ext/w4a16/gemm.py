@@ -714,8 +714,6 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
     dot_parts = cfg.get("DOT_PARTS", 1)
     if dot_parts not in (1, 2, 4, 8):  # any other count would leave slices of a block out of the dot
         raise ValueError(f"config DOT_PARTS must be 1, 2, 4 or 8 (each dot in that many chained parts), got {dot_parts!r}")
-    if not isinstance(cfg.get("STREAM_PARAMS", False), bool):
-        raise ValueError(f"config STREAM_PARAMS must be True or False, got {cfg['STREAM_PARAMS']!r}")
     constexprs = dict(FOLD_SUBS=_fold_subs(group_size, in_features), SYMMETRIC=symmetric, BLOCK_N=block_n, BLOCK_M=block_m,
                       EVEN_K=in_features % K_BLOCK == 0)
     options = dict(num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))

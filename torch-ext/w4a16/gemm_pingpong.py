@@ -450,8 +450,6 @@ def _pingpong_launch(plan, in_features: int, group_size: int, symmetric: bool) -
         if block_m not in (64, 128, 256):  # the shared-tile reduction sums 64 tokens at a time (`_reduce_tile`)
             raise ValueError(f"config BLOCK_M must be 64, 128 or 256 for path 'pingpong', got {block_m!r}")
         unpack_ahead = cfg.get("UNPACK_AHEAD", False)
-        if not isinstance(unpack_ahead, bool):
-            raise ValueError(f"config UNPACK_AHEAD must be True or False, got {unpack_ahead!r}")
         constexprs = dict(BLOCK_M=block_m, STAGES=cfg.get("num_stages", 4), SYMMETRIC=symmetric,
                           GROUPS=groups_per_block(group_size, in_features), CONSUMERS=consumers, UNPACK_AHEAD=unpack_ahead)
         options = _compile_options(cfg.get("maxnreg"))
