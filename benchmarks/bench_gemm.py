@@ -45,7 +45,14 @@ def check_w4a16(kernel, weight, dtype) -> float:
     return float((y - ref).norm() / ref.norm())
 
 
-def bench_shape(kernel, shape, ms, variants, rows, eager_m1=True):
+def bench_shape(kernel, shape, ms, variants, rows, eager_m1=True, ours_only=False):
+    if not ours_only:
+        bench_baselines(shape, ms, rows, eager_m1)
+    bench_ours(kernel, shape, ms, variants, rows, eager_m1 and not ours_only)
+
+
+def bench_baselines(shape, ms, rows, eager_m1):
+    """cuBLAS fp16 and bf16 and torch's int4 GEMM (M <= 256) on `shape`."""
     n, k, name = shape["N"], shape["K"], shape["name"]
     base = dict(shape=name, N=n, K=k)
     f16_copies = timing.copies_needed(timing.f16_bytes(n, k, 1))
@@ -81,6 +88,11 @@ def bench_shape(kernel, shape, ms, variants, rows, eager_m1=True):
         del w_int4
         torch.cuda.empty_cache()
 
+
+def bench_ours(kernel, shape, ms, variants, rows, eager_m1):
+    """The package's GEMM on `shape`, every variant at every M."""
+    n, k, name = shape["N"], shape["K"], shape["name"]
+    base = dict(shape=name, N=n, K=k)
     # All variants' weights at once, then every M times each variant back to back: a slow drift of
     # the GPU's clocks over the run then shows in every variant alike instead of in the later ones.
     prepared = []
@@ -115,8 +127,8 @@ def print_table(rows, group_size=128):
             nbytes = timing.w4_bytes(n, k, m, r.get("group_size", group_size), r.get("symmetric", False))
         gbps = nbytes / (r["us"] * 1e-6) / 1e9
         label = r["impl"] if r["impl"] != "w4a16" else f"w4a16[{timing.format_label(r)}]"
-        ratio = fp16[(r["shape"], m)] / r["us"]
-        print(f"{r['shape']:12s} {m:5d} {label:24s} {r['us']:9.2f} {ratio:7.2f} {gbps:7.0f} {100 * gbps / (timing.READ_TBPS * 1e3):7.1f}%")
+        ratio = f"{fp16[(r['shape'], m)] / r['us']:7.2f}" if (r["shape"], m) in fp16 else f"{'-':>7s}"
+        print(f"{r['shape']:12s} {m:5d} {label:24s} {r['us']:9.2f} {ratio} {gbps:7.0f} {100 * gbps / (timing.READ_TBPS * 1e3):7.1f}%")
 
 
 def summary(rows):
@@ -124,7 +136,7 @@ def summary(rows):
     fp16 = {(r["shape"], r["M"]): r["us"] for r in rows if r["impl"] == "fp16"}
     groups: dict = {}
     for r in rows:
-        if r["impl"] in ("w4a16", "torch_int4"):
+        if r["impl"] in ("w4a16", "torch_int4") and (r["shape"], r["M"]) in fp16:
             key = (r["impl"] if r["impl"] == "torch_int4" else f"w4a16 {timing.format_label(r)}", r["M"])
             groups.setdefault(key, []).append(fp16[(r["shape"], r["M"])] / r["us"])
     print("\ngeometric mean of fp16/impl over shapes:")
@@ -140,7 +152,10 @@ def main() -> None:
     ap.add_argument("--shapes", default="", help="comma list of shape names or name=NxK (default: all)")
     ap.add_argument("--out", default="")
     ap.add_argument("--merge", action="store_true", help="add rows to an existing --out file (replacing equal keys)")
+    ap.add_argument("--ours-only", action="store_true", help="time only the package's GEMM (an A/B of trees: gpu_session.sh ab)")
     args = ap.parse_args()
+    if args.ours_only and args.merge:
+        raise SystemExit("--ours-only rows carry no fp16 time of their run: do not --merge them into a results file")
 
     kernel = timing.load_kernel()
     ms = [int(v) for v in args.m.split(",")]
@@ -149,7 +164,7 @@ def main() -> None:
     old = json.loads(Path(args.out).read_text()) if (args.merge and args.out and Path(args.out).exists()) else {"rows": []}
     old_rows, old_commit = old["rows"], old.get("commit", "unknown")
     for shape in timing.select_shapes(args.shapes, shapes_data):
-        bench_shape(kernel, shape, ms, variants, rows)
+        bench_shape(kernel, shape, ms, variants, rows, ours_only=args.ours_only)
         if args.out:  # after every shape, so a run cut short keeps what it measured
             write_results(Path(args.out), rows, old_rows, old_commit)
     print_table(rows)
