@@ -40,11 +40,10 @@ STREAM_PARAMS loaded for each block as the 32-bit words holding them, which Trit
 weights and reads back in that layout (`_load_elements`; needs N % 4 == 0 and 4-byte aligned scales / zeros,
 else the plan runs without it).
 
-Split-K reduction: a per-tile counter elects the last contributor (an atomic ticket, taken when a split's
-loop ends); the others write their fp32 partial tiles to a workspace and count them written; the last waits
-for those counts, sums the partials and its own accumulator (kept in registers) in split order
-(deterministic), writes y and resets the counter to zero (so `launch.split_k_scratch` can hand the same
-counters to the next call).
+Split-K reduction: each split writes its fp32 partial tile to a workspace; a per-tile arrival counter
+(atomic) elects the last split, which sums the others' partials (several loads in flight) and its own
+accumulator (from registers) in split order (deterministic) and writes y, then resets the counter to
+zero (so `launch.split_k_scratch` can hand the same counters to the next call).
 """
 
 from __future__ import annotations
@@ -162,14 +161,11 @@ def _weight_words_ptrs(qw_ptr, offs_n, K):
     return qw_ptr + tile_rows + (offs_n % _N_TILE)[:, None] * 16 + tl.arange(0, 16)[None, :]
 
 
-# A shared tile's counter holds two counts: arrivals in its low 16 bits (the ticket that elects the last
-# contributor) and partials written in its high 16 bits. The last arrival keeps its own partial in registers:
-# it writes none and reads one less, and it waits only for contributors that already hold a ticket (they are
-# running and write their partial without waiting on anything, so no grid size or schedule can deadlock).
-_WRITTEN_ONE = tl.constexpr(1 << 16)
-# The last arrival loads this many partials at once for tiles of <= 2048 elements (decode), so that their L2 round
-# trips overlap instead of following one another; 2 for <= 4096, 1 for larger tiles (registers).
-_PARTIALS_IN_FLIGHT = tl.constexpr(4)
+# The last arrival of a split-K tile of <= 4096 elements (decode: 128 x 16 / 32) loads this many of the other
+# partials at once, so that their L2 round trips overlap instead of following one another; larger tiles one at a
+# time (registers). Its own partial it takes from its registers. (4 at once moved ptxas's schedule of the main loop
+# and spilled in it under maxnreg 128: sm_90, Triton 3.6.)
+_PARTIALS_IN_FLIGHT = tl.constexpr(2)
 
 
 @triton.jit
@@ -184,46 +180,31 @@ def _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask
         counter = lock_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
         # part [SPLIT_K, M, N]; < 2**31 elements: checked by the launcher
         part_ptrs = part_ptr + offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
-        if _arrive(counter) != SPLIT_K - 1:
-            _publish_partial(acc, part_ptrs + pid_k * M * N, mask, counter)
-        else:
-            _wait_for_partials(counter, SPLIT_K - 1)
-            LOADS: tl.constexpr = _PARTIALS_IN_FLIGHT if acc.numel <= 2048 else (2 if acc.numel <= 4096 else 1)
+        if _publish_partial(acc, part_ptrs + pid_k * M * N, mask, counter) == SPLIT_K - 1:
+            LOADS: tl.constexpr = _PARTIALS_IN_FLIGHT if acc.numel <= 4096 else 1
             total = tl.zeros_like(acc)
             for first in range(0, SPLIT_K, LOADS):
                 parts = ()
                 for j in tl.static_range(LOADS):  # LOADS partials in flight, then summed in split order
                     split = first + j
                     parts = parts + (tl.load(part_ptrs + split * M * N, mask=_where_scalar((split < SPLIT_K) & (split != pid_k), mask),
-                                             other=0.0,
-                                             cache_modifier=".cg"),)
+                                             other=0.0, cache_modifier=".cg"),)
                 for j in tl.static_range(LOADS):
                     total += tl.where(first + j == pid_k, acc, parts[j])
             _finish_tile(total, y_ptrs, mask, counter)
 
 
 @triton.jit
-def _arrive(counter_ptr):
-    """This contributor's ticket: how many arrived before it (relaxed: the partials are ordered by the
-    written count, not by this)."""
-    return tl.atomic_add(counter_ptr, 1, sem="relaxed") & 0xFFFF
-
-
-@triton.jit
 def _publish_partial(acc, part_ptrs, mask, counter_ptr):
-    """Store this contributor's fp32 partial tile, then count it written. Every thread's stores come before
-    the count (CTA barrier, then a release at GPU scope); the last arrival reads them from L2 (.cg)."""
+    """Store this program's fp32 partial tile and count its arrival; returns the count before it
+    (so the program that gets contributors - 1 is the last and does the reduction)."""
     tl.store(part_ptrs, acc, mask=mask)
+    # Every thread's partial must be written before the counter says so (CTA barrier, then a
+    # release at GPU scope); the last arrival then reads the others' partials from L2 (.cg loads).
+    # (An arrival ticket taken before the partial is written, so that the last need write none, costs
+    # two more atomic round trips on its path: 1.7 us more per split-K call at decode, NOTES v25.)
     tl.debug_barrier()
-    tl.atomic_add(counter_ptr, _WRITTEN_ONE, sem="release")
-
-
-@triton.jit
-def _wait_for_partials(counter_ptr, others):
-    """The last arrival: spin until the `others` contributors before it have written their partials."""
-    written = tl.atomic_add(counter_ptr, 0, sem="acquire") >> 16
-    while written < others:
-        written = tl.atomic_add(counter_ptr, 0, sem="acquire") >> 16
+    return tl.atomic_add(counter_ptr, 1, sem="acq_rel")
 
 
 @triton.jit
@@ -556,10 +537,10 @@ def _w4a16_streamk_kernel(
     order within a tile: T = tiles * ceil(K / 128) units. Program p takes units
     [p*T // P, (p+1)*T // P), so every program streams the same number of weight blocks whatever the
     tile count (no half-empty last wave of CTAs). A tile a program covers whole is stored directly;
-    a tile shared by programs first..last is reduced like split-K: all but the last to arrive write
-    their fp32 partial to their own workspace slot (part [P, 2, BLOCK_N, BLOCK_M]: slot 0 for the
-    segment a program starts with, 1 for the one it ends with), and the last sums them and its own
-    accumulator in program order (deterministic), writes y and resets the counter. Assumes P <= T (no program
+    a tile shared by programs first..last is reduced like split-K: each writes its fp32 partial to its
+    own workspace slot (part [P, 2, BLOCK_N, BLOCK_M]: slot 0 for the segment a program starts with,
+    1 for the one it ends with), bumps the tile's counter, and the last to arrive sums the others'
+    partials and its own accumulator in program order (deterministic), writes y and resets the counter. Assumes P <= T (no program
     without work: a tile's contributors are then the consecutive programs first..last) and T * P < 2**31.
     """
     if WAIT_PRIOR:
@@ -591,11 +572,8 @@ def _w4a16_streamk_kernel(
             first = ((tile * kb + 1) * programs - 1) // total  # the program that owns the tile's first unit
             last = ((tile + 1) * kb * programs - 1) // total  # ... and its last unit
             counter = lock_ptr + tile
-            if _arrive(counter) != last - first:
-                slot = (unit != start).to(tl.int32)
-                _publish_partial(acc, part_ptr + (pid * 2 + slot) * TILE + local, None, counter)
-            else:
-                _wait_for_partials(counter, last - first)
+            slot = (unit != start).to(tl.int32)
+            if _publish_partial(acc, part_ptr + (pid * 2 + slot) * TILE + local, None, counter) == last - first:
                 reduced = tl.zeros_like(acc)
                 for q in range(first, last + 1):  # in program order; one partial at a time (registers; a tile
                     # has 2-3 contributors, and one of them is this program's acc)

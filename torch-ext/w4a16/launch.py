@@ -37,8 +37,7 @@ def split_k_scratch(device: torch.device, stream: int, tiles: int, partials: int
 
     Both are kept per (device, stream) and reused, so a split-K call allocates nothing. GEMMs on one
     stream run in order and never share them in flight; two streams never share them. The kernel's
-    last arriving split resets its tile's counter (both of its counts, see gemm.py), so the counters
-    are zero again after every launch.
+    last arriving split resets its tile's counter, so the counters are zero again after every launch.
     Counter slots come from one pool per device, zeroed when it is made, eagerly. The first
     _SCRATCH_STREAMS streams of a device get cached scratch; later streams, a pool not yet made
     (CUDA-graph capture before any eager call on the device) or more tiles than a slot holds get a
