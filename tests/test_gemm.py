@@ -579,13 +579,13 @@ def test_split_k_counters_are_reused_clean(w4a16, device):
 
 
 @pytest.mark.parametrize("path,config", [
-    ("splitk", {"SPLIT_K": 7, "BLOCK_N": 64, "BLOCK_M": 16}),  # 2 partials in flight, the last round one
-    ("splitk", {"SPLIT_K": 3, "BLOCK_N": 64, "BLOCK_M": 64}),  # one at a time
+    ("splitk", {"SPLIT_K": 7, "BLOCK_N": 64, "BLOCK_M": 16}),
+    ("splitk", {"SPLIT_K": 3, "BLOCK_N": 64, "BLOCK_M": 64}),
     ("streamk", {"PROGRAMS": 7, "BLOCK_N": 64, "BLOCK_M": 16}),  # 2-3 programs per tile
 ])
 def test_split_reduction_is_deterministic(w4a16, device, path, config):
-    """Whichever contributor of a shared tile arrives last (on a GPU: any of them, from run to run) keeps its own
-    partial in registers and adds it in its place: the same bits every run, and right."""
+    """Whichever contributor of a shared tile arrives last (on a GPU: any of them, from run to run), it sums the
+    partials in split / program order: the same bits every run, and right."""
     if not triton_available(device):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     weight, ref = random_layer(w4a16, 1024, 128, 128, False, torch.float16, device, seed=5)

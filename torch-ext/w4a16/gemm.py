@@ -41,9 +41,8 @@ weights and reads back in that layout (`_load_elements`; needs N % 4 == 0 and 4-
 else the plan runs without it).
 
 Split-K reduction: each split writes its fp32 partial tile to a workspace; a per-tile arrival counter
-(atomic) elects the last split, which sums the others' partials (several loads in flight) and its own
-accumulator (from registers) in split order (deterministic) and writes y, then resets the counter to
-zero (so `launch.split_k_scratch` can hand the same counters to the next call).
+(atomic) elects the last split, which sums the partials in split order (deterministic) and writes y,
+then resets the counter to zero (so `launch.split_k_scratch` can hand the same counters to the next call).
 """
 
 from __future__ import annotations
@@ -161,13 +160,6 @@ def _weight_words_ptrs(qw_ptr, offs_n, K):
     return qw_ptr + tile_rows + (offs_n % _N_TILE)[:, None] * 16 + tl.arange(0, 16)[None, :]
 
 
-# The last arrival of a split-K tile of <= 4096 elements (decode: 128 x 16 / 32) loads this many of the other
-# partials at once, so that their L2 round trips overlap instead of following one another; larger tiles one at a
-# time (registers). Its own partial it takes from its registers. (4 at once moved ptxas's schedule of the main loop
-# and spilled in it under maxnreg 128: sm_90, Triton 3.6.)
-_PARTIALS_IN_FLIGHT = tl.constexpr(2)
-
-
 @triton.jit
 def _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT: tl.constexpr):
     """Write acc [BLOCK_N, BLOCK_M] (fp32, y^T tile) to y, reducing over split-K programs if needed."""
@@ -177,21 +169,14 @@ def _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         pid_k = tl.program_id(2)
-        counter = lock_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-        # part [SPLIT_K, M, N]; < 2**31 elements: checked by the launcher
+        tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
         part_ptrs = part_ptr + offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
-        if _publish_partial(acc, part_ptrs + pid_k * M * N, mask, counter) == SPLIT_K - 1:
-            LOADS: tl.constexpr = _PARTIALS_IN_FLIGHT if acc.numel <= 4096 else 1
+        # part [SPLIT_K, M, N]; < 2**31 elements: checked by the launcher
+        if _publish_partial(acc, part_ptrs + pid_k * M * N, mask, lock_ptr + tile) == SPLIT_K - 1:
             total = tl.zeros_like(acc)
-            for first in range(0, SPLIT_K, LOADS):
-                parts = ()
-                for j in tl.static_range(LOADS):  # LOADS partials in flight, then summed in split order
-                    split = first + j
-                    parts = parts + (tl.load(part_ptrs + split * M * N, mask=_where_scalar((split < SPLIT_K) & (split != pid_k), mask),
-                                             other=0.0, cache_modifier=".cg"),)
-                for j in tl.static_range(LOADS):
-                    total += tl.where(first + j == pid_k, acc, parts[j])
-            _finish_tile(total, y_ptrs, mask, counter)
+            for split in range(SPLIT_K):
+                total += tl.load(part_ptrs + split * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+            _finish_tile(total, y_ptrs, mask, lock_ptr + tile)
 
 
 @triton.jit
@@ -200,24 +185,18 @@ def _publish_partial(acc, part_ptrs, mask, counter_ptr):
     (so the program that gets contributors - 1 is the last and does the reduction)."""
     tl.store(part_ptrs, acc, mask=mask)
     # Every thread's partial must be written before the counter says so (CTA barrier, then a
-    # release at GPU scope); the last arrival then reads the others' partials from L2 (.cg loads).
-    # (An arrival ticket taken before the partial is written, so that the last need write none, costs
-    # two more atomic round trips on its path: 1.7 us more per split-K call at decode, NOTES v25.)
+    # release at GPU scope); the last arrival then reads all partials from L2 (.cg loads).
     tl.debug_barrier()
     return tl.atomic_add(counter_ptr, 1, sem="acq_rel")
-
-
-@triton.jit
-def _where_scalar(cond, mask):
-    """`mask` where the scalar `cond` holds, else all false (tl.where: the interpreter mis-types a scalar ANDed into a mask)."""
-    return tl.where(cond, mask, False)
 
 
 @triton.jit
 def _finish_tile(total, y_ptrs, mask, counter_ptr):
     """The last arrival's part: write the reduced tile and reset the counter for the next launch."""
     tl.store(y_ptrs, total.to(y_ptrs.dtype.element_ty), mask=mask)
-    tl.atomic_xchg(counter_ptr, 0)
+    # relaxed: the next launch is ordered by the kernel boundary, and no program of this one touches the counter
+    # again (all have arrived); the default (acq_rel) would first wait for the y store to complete (MEMBAR)
+    tl.atomic_xchg(counter_ptr, 0, sem="relaxed")
 
 
 @triton.jit
@@ -539,8 +518,8 @@ def _w4a16_streamk_kernel(
     tile count (no half-empty last wave of CTAs). A tile a program covers whole is stored directly;
     a tile shared by programs first..last is reduced like split-K: each writes its fp32 partial to its
     own workspace slot (part [P, 2, BLOCK_N, BLOCK_M]: slot 0 for the segment a program starts with,
-    1 for the one it ends with), bumps the tile's counter, and the last to arrive sums the others'
-    partials and its own accumulator in program order (deterministic), writes y and resets the counter. Assumes P <= T (no program
+    1 for the one it ends with), bumps the tile's counter, and the last to arrive sums the partials in
+    program order (deterministic), writes y and resets the counter. Assumes P <= T (no program
     without work: a tile's contributors are then the consecutive programs first..last) and T * P < 2**31.
     """
     if WAIT_PRIOR:
@@ -569,19 +548,15 @@ def _w4a16_streamk_kernel(
             tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
         else:
             local = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+            slot = (unit != start).to(tl.int32)
             first = ((tile * kb + 1) * programs - 1) // total  # the program that owns the tile's first unit
             last = ((tile + 1) * kb * programs - 1) // total  # ... and its last unit
-            counter = lock_ptr + tile
-            slot = (unit != start).to(tl.int32)
-            if _publish_partial(acc, part_ptr + (pid * 2 + slot) * TILE + local, None, counter) == last - first:
+            if _publish_partial(acc, part_ptr + (pid * 2 + slot) * TILE + local, None, lock_ptr + tile) == last - first:
                 reduced = tl.zeros_like(acc)
-                for q in range(first, last + 1):  # in program order; one partial at a time (registers; a tile
-                    # has 2-3 contributors, and one of them is this program's acc)
+                for q in range(first, last + 1):
                     q_slot = (((q * total) // programs) < tile * kb).to(tl.int32)  # q began before this tile
-                    part = tl.load(part_ptr + (q * 2 + q_slot) * TILE + local, mask=_where_scalar(q != pid, mask), other=0.0,
-                                   cache_modifier=".cg")
-                    reduced += tl.where(q == pid, acc, part)
-                _finish_tile(reduced, y_ptrs, mask, counter)
+                    reduced += tl.load(part_ptr + (q * 2 + q_slot) * TILE + local, cache_modifier=".cg")
+                _finish_tile(reduced, y_ptrs, mask, lock_ptr + tile)
         unit += block_end - block_start
 
 

@@ -343,7 +343,7 @@ if HAVE_GLUON:
             if gl.atomic_add(counter, 1, sem="acq_rel") == last - first:
                 _reduce_tile(part_ptr, y_ptr, first, last, programs, total, tile * num_kb, (tile % tiles_m) * BLOCK_M,
                              row_tile * 64, M, N, stride_ym, CONSUMER, CONSUMERS, BLOCK_M)
-                gl.atomic_xchg(counter, 0)
+                gl.atomic_xchg(counter, 0, sem="relaxed")  # relaxed: as gemm._finish_tile
         return unit + block_end - block_start
 
     @gluon.jit
