@@ -45,7 +45,7 @@ def test_bound_launch_passes_the_prepared_arguments(w4a16, monkeypatch):
     launch, gemm = w4a16.launch, w4a16.gemm
     compiled = _FakeCompiled()
     monkeypatch.setattr(launch, "_takes_fast_path", lambda tensor: True)
-    monkeypatch.setattr(launch.PreparedLaunch, "_launch_through_triton", lambda self, grid, tensors, ints: compiled)
+    monkeypatch.setattr(launch.PreparedLaunch, "_launch_through_triton", lambda self, grid, tensors, ints, descriptors=(): compiled)
     names = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr")
     int_names = ("M", "N", "K", "stride_xm", "stride_ym", "num_groups", "SPLIT_K")
     prepared = launch.PreparedLaunch(gemm._w4a16_tc_kernel, {"BLOCK_N": 64, "BLOCK_M": 16}, {"num_warps": 4}, names, int_names)
@@ -93,6 +93,42 @@ def test_bound_launch_passes_the_prepared_arguments(w4a16, monkeypatch):
     unaligned = (torch.empty(65, dtype=torch.float16)[1:],) + first[1:]
     prepared(grid, unaligned, ints, stream)
     assert prepared.bind(grid, unaligned, ints, stream, (0, 4)) is None
+
+
+class _FakeDescriptor:
+    """Stands in for a host-side TMA descriptor: what the prepared launch reads of one (base dtype, block shape)."""
+
+    def __init__(self, dtype, block_shape):
+        self.base, self.block_shape = torch.empty(16, dtype=dtype), block_shape
+
+
+def test_prepared_launch_passes_descriptors(w4a16, monkeypatch):
+    """The pingpong kernel's prepared launch: its x descriptor reaches the launcher in the kernel's x_desc slot, a
+    descriptor of another dtype or block shape is another specialisation (Triton's path again), and such a launch
+    is never bound for repeats (the descriptor holds x's address)."""
+    pingpong, launch = w4a16.gemm_pingpong, w4a16.launch
+    if not pingpong.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    compiled, through_triton = _FakeCompiled(), []
+    monkeypatch.setattr(launch, "_takes_fast_path", lambda tensor: True)
+    monkeypatch.setattr(launch.PreparedLaunch, "_launch_through_triton",
+                        lambda self, grid, tensors, ints, descriptors=(): through_triton.append(descriptors) or compiled)
+    prepared = launch.PreparedLaunch(pingpong._pingpong_kernel, {"BLOCK_M": 128, "SHARED_TILES": True}, {}, pingpong._TENSOR_ARGS,
+                                     pingpong._INT_ARGS, ("x_desc",))
+    tensors = tuple(torch.empty(64, dtype=torch.float32) for _ in range(6))
+    ints, grid, stream = (128, 4096, 4096, 128, 4096), (64,), 5
+    first, second = _FakeDescriptor(torch.float16, [128, 64]), _FakeDescriptor(torch.float16, [128, 64])
+    prepared(grid, tensors, ints, stream, (first,))  # compiles (here: the fake) and keeps it
+    prepared(grid, tensors, ints, stream, (second,))  # the prepared fast path
+    assert through_triton == [(first,)]
+    kind, run_args = compiled.run.calls[-1]
+    names = list(pingpong._pingpong_kernel.arg_names)
+    assert kind == "run" and run_args[9 + names.index("x_desc")] is second
+    assert run_args[9 + names.index("lock_ptr")] == tensors[5].data_ptr() and run_args[9 + names.index("M")] == 128
+    for other in (_FakeDescriptor(torch.bfloat16, [128, 64]), _FakeDescriptor(torch.float16, [256, 64])):
+        prepared(grid, tensors, ints, stream, (other,))
+        assert through_triton[-1] == (other,)
+    assert prepared.bind(grid, tensors, ints, stream, (0,)) is None
 
 
 def test_copies_of_a_weight_start_without_kept_launches(w4a16):

@@ -49,7 +49,7 @@ import torch
 import triton
 
 from .dequant import MAGIC_PAIR, MAGIC_VALUE
-from .launch import COMPILE_OPTIONS, current_stream, split_k_scratch
+from .launch import COMPILE_OPTIONS, PreparedLaunch, current_stream, split_k_scratch
 from .layout import K_BLOCK, groups_per_block
 
 try:  # Gluon is experimental: absent before Triton 3.5, and its names move between releases
@@ -425,14 +425,18 @@ def _x_descriptor(x2: torch.Tensor, block_m: int):
 @dataclass(frozen=True)
 class _PingpongLaunch:
     """What a pingpong plan needs per call, made once per (plan, format) and kept in `plan.launches` (as gemm.py's
-    prepared launches are): the tiling that sets the grid and the scratch, and the kernel's constexprs."""
+    prepared launches are): the tiling that sets the grid and the scratch, and the kernel prepared with its
+    constexprs for each SHARED_TILES (a repeat call skips Triton's per-call dispatch: launch.PreparedLaunch)."""
 
     block_m: int
     split_k: int  # grid = tiles * SPLIT_K programs (a call with fewer K blocks uses that many) ...
     programs: int  # ... or, when > 0, this many (Stream-K: a persistent grid)
     consumers: int
-    constexprs: dict
-    options: dict
+    kernels: dict  # SHARED_TILES -> PreparedLaunch
+
+
+_TENSOR_ARGS = ("qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr")
+_INT_ARGS = ("M", "N", "K", "group_size", "stride_ym")
 
 
 def _pingpong_launch(plan, in_features: int, group_size: int, symmetric: bool) -> _PingpongLaunch:
@@ -453,8 +457,9 @@ def _pingpong_launch(plan, in_features: int, group_size: int, symmetric: bool) -
         constexprs = dict(BLOCK_M=block_m, STAGES=cfg.get("num_stages", 4), SYMMETRIC=symmetric,
                           GROUPS=groups_per_block(group_size, in_features), CONSUMERS=consumers, UNPACK_AHEAD=unpack_ahead)
         options = _compile_options(cfg.get("maxnreg"))
-        prepared = plan.launches[key] = _PingpongLaunch(constexprs["BLOCK_M"], cfg.get("SPLIT_K", 1), programs, consumers,
-                                                        constexprs, options)
+        kernels = {shared: PreparedLaunch(_pingpong_kernel, {**constexprs, "SHARED_TILES": shared}, options, _TENSOR_ARGS, _INT_ARGS,
+                                          ("x_desc",)) for shared in (False, True)}
+        prepared = plan.launches[key] = _PingpongLaunch(block_m, cfg.get("SPLIT_K", 1), programs, consumers, kernels)
     return prepared
 
 
@@ -488,8 +493,8 @@ def launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: in
     if partials >= 2**31:
         raise ValueError(f"pingpong partial workspace too large for int32 offsets: {programs} programs of BLOCK_M={run.block_m}")
     part, lock = split_k_scratch(x2.device, current_stream(x2.device), tiles * run.consumers if shared else 0, partials)
-    _pingpong_kernel[(programs,)](_x_descriptor(x2, run.block_m), qweight, scales, scales if zeros is None else zeros, y, part, lock,
-                                  m, n, k, group_size, y.stride(0), SHARED_TILES=shared, **run.constexprs, **run.options)
+    run.kernels[shared]((programs,), (qweight, scales, scales if zeros is None else zeros, y, part, lock), (m, n, k, group_size, y.stride(0)),
+                        current_stream(x2.device), (_x_descriptor(x2, run.block_m),))
     return y
 
 

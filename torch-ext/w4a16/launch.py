@@ -1,13 +1,13 @@
-"""Launch plumbing for the Triton kernels of gemm.py: per-stream split-K scratch and a repeat-launch
-fast path. No kernels here; nothing here changes what a kernel computes.
+"""Launch plumbing for the Triton kernels of gemm.py and the Gluon kernel of gemm_pingpong.py: per-stream
+split-K scratch and a repeat-launch fast path. No kernels here; nothing here changes what a kernel computes.
 
 - `COMPILE_OPTIONS`: the compile options every kernel is built with, stated, so that a Triton release that
   changes a default does not change the code a kernel compiles to.
 - `split_k_scratch`: the fp32 partial-sum workspace and the zeroed arrival counters a split-K launch
   needs, cached per (device, stream) so that a call allocates nothing and runs no memset.
 - `PreparedLaunch`: a kernel with its constexprs and options fixed once; a call launches it with
-  this call's tensors and ints, skipping Triton's per-call dispatch on repeat launches (NVIDIA, the
-  Triton versions it mirrors); everywhere else Triton's own path.
+  this call's tensors, ints (and TMA descriptors), skipping Triton's per-call dispatch on repeat
+  launches (NVIDIA, the Triton versions it mirrors); everywhere else Triton's own path.
 - `BoundLaunch`: one launch of a `PreparedLaunch` (compiled kernel, grid, stream, arguments) kept to
   be repeated with new addresses for some of its tensors: the eager decode call's host path.
 """
@@ -91,8 +91,10 @@ class PreparedLaunch:
     """One Triton kernel with its constexprs and launch options fixed (made once per plan and format):
     calling it launches the kernel on a grid with this call's tensors and run-time ints.
 
-    `tensor_names` / `int_names` name the kernel parameters that the call passes by position. The
-    first launch of each specialisation (device; tensor dtypes and 16-byte alignment; each int's width,
+    `tensor_names` / `int_names` name the kernel parameters that the call passes by position, and
+    `descriptor_names` its host-side TMA descriptors (Triton's launcher encodes each per call; a
+    descriptor specialises the kernel on its dtype, block shape and layout, which a prepared launch's
+    caller keeps fixed but for the dtype). The first launch of each specialisation (device; tensor dtypes and 16-byte alignment; each int's width,
     == 1 and divisibility by 16: what Triton specialises on) goes through `kernel[grid](...)`,
     compiling if needed, and keeps the compiled kernel; later ones fill a pre-ordered argument list
     and call its launcher directly with the stream and hooks Triton would pass. Tensors reach the
@@ -100,36 +102,41 @@ class PreparedLaunch:
     validate each address per call, which the caller's device checks (matmul.py, layout.py) cover. Off NVIDIA GPUs, under the interpreter, or on other Triton versions: Triton's own path.
     """
 
-    def __init__(self, kernel, constexprs: dict, options: dict, tensor_names: tuple, int_names: tuple):
+    def __init__(self, kernel, constexprs: dict, options: dict, tensor_names: tuple, int_names: tuple,
+                 descriptor_names: tuple = ()):
         self.kernel, self.constexprs, self.options = kernel, constexprs, {**COMPILE_OPTIONS, **options}
-        self.tensor_names, self.int_names = tensor_names, int_names
+        self.tensor_names, self.int_names, self.descriptor_names = tensor_names, int_names, descriptor_names
         names = list(kernel.arg_names)
         self._template = [constexprs.get(name) for name in names]  # constexpr slots filled once
         self._tensor_slots = [names.index(name) for name in tensor_names]
         self._int_slots = [names.index(name) for name in int_names]
+        self._descriptor_slots = [names.index(name) for name in descriptor_names]
         self._compiled: dict = {}
 
-    def __call__(self, grid: tuple, tensors: tuple, ints: tuple, stream: int) -> None:
+    def __call__(self, grid: tuple, tensors: tuple, ints: tuple, stream: int, descriptors: tuple = ()) -> None:
         if not _takes_fast_path(tensors[0]):
-            self._launch_through_triton(grid, tensors, ints)
+            self._launch_through_triton(grid, tensors, ints, descriptors)
             return
         addresses = [t.data_ptr() for t in tensors]
-        spec = self._spec(tensors, addresses, ints)
+        spec = (self._spec(tensors, addresses, ints), *[(d.base.dtype, tuple(d.block_shape)) for d in descriptors])
         compiled = self._compiled.get(spec)
         if compiled is None:
-            self._compiled[spec] = self._launch_through_triton(grid, tensors, ints)
+            self._compiled[spec] = self._launch_through_triton(grid, tensors, ints, descriptors)
             return
-        _run_compiled(compiled, grid, stream, self._arguments(addresses, ints))
+        args = self._arguments(addresses, ints)
+        for slot, descriptor in zip(self._descriptor_slots, descriptors):
+            args[slot] = descriptor
+        _run_compiled(compiled, grid, stream, args)
 
     def bind(self, grid: tuple, tensors: tuple, ints: tuple, stream: int, call_slots: tuple) -> BoundLaunch | None:
         """This launch (as `__call__` would run it) kept for repeating, or None where the fast path
         does not apply: not NVIDIA / not these Triton versions, not compiled yet for this
         specialisation, or a tensor address not 16-byte aligned. `call_slots` name the positions in
         `tensors` whose addresses each repeat passes anew; the others are fixed, and kept alive."""
-        if not _takes_fast_path(tensors[0]):
+        if not _takes_fast_path(tensors[0]) or self.descriptor_names:  # (a descriptor holds an address too)
             return None
         addresses = [t.data_ptr() for t in tensors]
-        compiled = self._compiled.get(self._spec(tensors, addresses, ints))
+        compiled = self._compiled.get((self._spec(tensors, addresses, ints),))
         if compiled is None or any(a % 16 for a in addresses):
             return None
         kept = tuple(t for i, t in enumerate(tensors) if i not in call_slots)
@@ -152,9 +159,9 @@ class PreparedLaunch:
             args[slot] = value
         return args
 
-    def _launch_through_triton(self, grid: tuple, tensors: tuple, ints: tuple):
+    def _launch_through_triton(self, grid: tuple, tensors: tuple, ints: tuple, descriptors: tuple = ()):
         return self.kernel[grid](**dict(zip(self.tensor_names, tensors)), **dict(zip(self.int_names, ints)),
-                                 **self.constexprs, **self.options)
+                                 **dict(zip(self.descriptor_names, descriptors)), **self.constexprs, **self.options)
 
 
 def _run_compiled(compiled, grid: tuple, stream: int, args: list) -> None:
