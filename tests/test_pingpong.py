@@ -156,3 +156,20 @@ def test_pingpong_large_work_list(w4a16):
     expected = x[rows].double() @ ref.to(device="cuda", dtype=torch.float64)
     err = float((y[rows].double() - expected).norm() / expected.norm())
     assert err < TOL[torch.float16], f"relative error {err:.2e}"
+
+
+@pytest.mark.skipif(not _on_hopper(), reason="the Gluon kernel needs an sm_90 GPU")
+def test_pingpong_repeat_calls_on_one_plan(w4a16):
+    """Repeat calls on one plan (as the dispatcher's cached plans make them) take the prepared launch's fast path after
+    the first of each specialisation: each with a new x (and its TMA descriptor), a new output, another M; then another
+    x dtype (a new specialisation). Every call against the float64 reference."""
+    plan = w4a16.dispatch.Plan("pingpong", {"BLOCK_M": 128, "num_stages": 3, "SPLIT_K": 2}, "test")
+    gen = torch.Generator().manual_seed(52)
+    for dtype in (torch.float16, torch.bfloat16, torch.float16):
+        weight, ref = random_layer(w4a16, 1024, 192, 128, False, dtype, "cuda", seed=51)
+        for m in (130, 130, 64, 257):
+            x = torch.randn(m, 1024, generator=gen).to(device="cuda", dtype=dtype)
+            y = w4a16.gemm_pingpong.launch_pingpong(x, weight.qweight, weight.scales, weight.zeros, 1024, 128, plan)
+            expected = x.double() @ ref.to(device="cuda", dtype=torch.float64)
+            err = float((y.double() - expected).norm() / expected.norm())
+            assert err < TOL[dtype], f"{dtype} M={m}: relative error {err:.2e}"
