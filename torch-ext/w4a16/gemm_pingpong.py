@@ -457,8 +457,8 @@ def _pingpong_launch(plan, in_features: int, group_size: int, symmetric: bool) -
         constexprs = dict(BLOCK_M=block_m, STAGES=cfg.get("num_stages", 4), SYMMETRIC=symmetric,
                           GROUPS=groups_per_block(group_size, in_features), CONSUMERS=consumers, UNPACK_AHEAD=unpack_ahead)
         options = _compile_options(cfg.get("maxnreg"))
-        kernels = {shared: PreparedLaunch(_pingpong_kernel, {**constexprs, "SHARED_TILES": shared}, options, _TENSOR_ARGS, _INT_ARGS,
-                                          ("x_desc",)) for shared in (False, True)}
+        kernels = {shared: PreparedLaunch(_pingpong_kernel, {**constexprs, "SHARED_TILES": shared}, options, _TENSOR_ARGS,
+                                          _INT_ARGS, ("x_desc",)) for shared in (False, True)}
         prepared = plan.launches[key] = _PingpongLaunch(block_m, cfg.get("SPLIT_K", 1), programs, consumers, kernels)
     return prepared
 
@@ -493,8 +493,9 @@ def launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: in
     if partials >= 2**31:
         raise ValueError(f"pingpong partial workspace too large for int32 offsets: {programs} programs of BLOCK_M={run.block_m}")
     part, lock = split_k_scratch(x2.device, current_stream(x2.device), tiles * run.consumers if shared else 0, partials)
-    run.kernels[shared]((programs,), (qweight, scales, scales if zeros is None else zeros, y, part, lock), (m, n, k, group_size, y.stride(0)),
-                        current_stream(x2.device), (_x_descriptor(x2, run.block_m),))
+    tensors = (qweight, scales, scales if zeros is None else zeros, y, part, lock)
+    run.kernels[shared]((programs,), tensors, (m, n, k, group_size, y.stride(0)), current_stream(x2.device),
+                        (_x_descriptor(x2, run.block_m),))
     return y
 
 

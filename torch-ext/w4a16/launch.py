@@ -93,9 +93,10 @@ class PreparedLaunch:
 
     `tensor_names` / `int_names` name the kernel parameters that the call passes by position, and
     `descriptor_names` its host-side TMA descriptors (Triton's launcher encodes each per call; a
-    descriptor specialises the kernel on its dtype, block shape and layout, which a prepared launch's
-    caller keeps fixed but for the dtype). The first launch of each specialisation (device; tensor dtypes and 16-byte alignment; each int's width,
-    == 1 and divisibility by 16: what Triton specialises on) goes through `kernel[grid](...)`,
+    descriptor specialises the kernel on its dtype, block shape and layout: the launch's key has the
+    first two, the caller keeps the layout fixed). The first launch of each specialisation (device;
+    tensor dtypes and 16-byte alignment; each int's width, == 1 and divisibility by 16; descriptors'
+    dtype and block shape: what Triton specialises on) goes through `kernel[grid](...)`,
     compiling if needed, and keeps the compiled kernel; later ones fill a pre-ordered argument list
     and call its launcher directly with the stream and hooks Triton would pass. Tensors reach the
     launcher as their addresses: given tensors it would call `data_ptr()` and ask the driver to
