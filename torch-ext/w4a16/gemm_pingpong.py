@@ -74,8 +74,10 @@ _MAGIC_VALUES = triton.language.constexpr((MAGIC_VALUE[torch.float16], MAGIC_VAL
 
 
 @functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)
 def available(device: torch.device) -> bool:
-    """Gluon importable and an NVIDIA sm_90 GPU (wgmma, TMA and setmaxnreg as this kernel uses them)."""
+    """Gluon importable and an NVIDIA sm_90 GPU (wgmma, TMA and setmaxnreg as this kernel uses them); asked on every
+    launch, so answered once per device."""
     return (HAVE_GLUON and device.type == "cuda" and torch.version.hip is None
             and torch.cuda.get_device_capability(device)[0] == 9)
 
@@ -492,10 +494,10 @@ def launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: in
     partials = programs * 2 * 64 * run.consumers * run.block_m if shared else 0  # part [P, 2, CONSUMERS, 64, BLOCK_M]
     if partials >= 2**31:
         raise ValueError(f"pingpong partial workspace too large for int32 offsets: {programs} programs of BLOCK_M={run.block_m}")
-    part, lock = split_k_scratch(x2.device, current_stream(x2.device), tiles * run.consumers if shared else 0, partials)
+    stream = current_stream(x2.device)
+    part, lock = split_k_scratch(x2.device, stream, tiles * run.consumers if shared else 0, partials)
     tensors = (qweight, scales, scales if zeros is None else zeros, y, part, lock)
-    run.kernels[shared]((programs,), tensors, (m, n, k, group_size, y.stride(0)), current_stream(x2.device),
-                        (_x_descriptor(x2, run.block_m),))
+    run.kernels[shared]((programs,), tensors, (m, n, k, group_size, y.stride(0)), stream, (_x_descriptor(x2, run.block_m),))
     return y
 
 
