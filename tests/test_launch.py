@@ -46,11 +46,11 @@ def test_bound_launch_passes_the_prepared_arguments(w4a16, monkeypatch):
     compiled = _FakeCompiled()
     monkeypatch.setattr(launch, "_takes_fast_path", lambda tensor: True)
     monkeypatch.setattr(launch.PreparedLaunch, "_launch_through_triton", lambda self, grid, tensors, ints, descriptors=(): compiled)
-    names = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr")
+    names = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr")
     int_names = ("M", "N", "K", "stride_xm", "stride_ym", "num_groups", "SPLIT_K")
     prepared = launch.PreparedLaunch(gemm._w4a16_tc_kernel, {"BLOCK_N": 64, "BLOCK_M": 16}, {"num_warps": 4}, names, int_names)
 
-    def tensors(count=6):
+    def tensors(count=7):
         return tuple(torch.empty(64, dtype=torch.float32) for _ in range(count))
 
     first, second = tensors(), tensors()
@@ -72,9 +72,9 @@ def test_bound_launch_passes_the_prepared_arguments(w4a16, monkeypatch):
     # launch metadata, enter / exit hooks (none registered), then every kernel parameter
     assert kind == "direct" and direct_args[:13] == (*grid, stream, compiled.function, False, False, None, None,
                                                      compiled.packed_metadata, None, None, None)
-    # the repeat's tensors where it passes them anew, the kept call's scratch (slot 5) otherwise
+    # the repeat's tensors where it passes them anew, the kept call's scratch (slots 5, 6) otherwise
     expected = list(prepared_args)
-    expected[slots["part_ptr"]] = first[5].data_ptr()
+    expected[slots["part_ptr"]], expected[slots["lock_ptr"]] = first[5].data_ptr(), first[6].data_ptr()
     assert list(direct_args[13:]) == expected
     assert all(any(t is k for k in bound.kept) for t in first[5:])  # the fixed tensors are held alive
 

@@ -40,11 +40,9 @@ STREAM_PARAMS loaded for each block as the 32-bit words holding them, which Trit
 weights and reads back in that layout (`_load_elements`; needs N % 4 == 0 and 4-byte aligned scales / zeros,
 else the plan runs without it).
 
-Split-K reduction (`_store_output`): each split writes its fp32 partial tile to a workspace whose elements hold
-a signalling NaN between launches (`launch.split_k_partials`); the tile's last split sums the partials in split
-order (deterministic) as soon as none of their elements holds it any more, writes y and puts the NaN back.
-Stream-K reduction: each program writes its partial and counts its arrival (atomic); the last arrival sums the
-partials in program order, writes y and resets the counter (`launch.split_k_scratch`: the counters are reused).
+Split-K reduction: each split writes its fp32 partial tile to a workspace; a per-tile arrival counter
+(atomic) elects the last split, which sums the partials in split order (deterministic) and writes y,
+then resets the counter to zero (so `launch.split_k_scratch` can hand the same counters to the next call).
 """
 
 from __future__ import annotations
@@ -58,8 +56,7 @@ from triton.language.extra.cuda import gdc_wait
 
 from .dequant import MAGIC_PAIR, MAGIC_VALUE, concat_slices, operand_part, pack_pair, row_of, uint_as_float, unpack_slices
 from .dispatch import Plan
-from .launch import (AWAITED_WORKSPACE, COMPILE_OPTIONS, PARTIAL_AWAITED, BoundLaunch, PreparedLaunch, current_stream, split_k_partials,
-                     split_k_scratch, workspace_entry)
+from .launch import COMPILE_OPTIONS, BoundLaunch, PreparedLaunch, current_stream, split_k_scratch, workspace_entry
 from .layout import K_BLOCK, N_TILE, groups_per_block
 
 __all__ = ["launch_gemm", "launch_gemm_kept", "RepeatGemm", "dequantize_native"]
@@ -67,7 +64,6 @@ __all__ = ["launch_gemm", "launch_gemm_kept", "RepeatGemm", "dequantize_native"]
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 _N_TILE = tl.constexpr(N_TILE)  # output rows per stored weight tile (layout.py)
 _TILE_WORDS = tl.constexpr(N_TILE * K_BLOCK // 8)  # words per (tile, K block): 64 x 16
-_PARTIAL_AWAITED = tl.constexpr(PARTIAL_AWAITED)  # a split-K partial's element not written yet (launch.py)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -165,66 +161,22 @@ def _weight_words_ptrs(qw_ptr, offs_n, K):
 
 
 @triton.jit
-def _store_output(acc, y_ptr, part_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT: tl.constexpr):
-    """Write acc [BLOCK_N, BLOCK_M] (fp32, y^T tile) to y, reducing over split-K programs if needed: each split
-    stores its partial to part [SPLIT_K, M, N] (fp32, awaited between launches: `launch.split_k_partials`;
-    < 2**31 elements, checked by the launcher) and the last split of the tile sums them (`_reduce_split_tile`)."""
+def _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT: tl.constexpr):
+    """Write acc [BLOCK_N, BLOCK_M] (fp32, y^T tile) to y, reducing over split-K programs if needed."""
+    y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
     mask = n_mask[:, None] & m_mask[None, :]
     if not IS_SPLIT:
-        tl.store(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], acc.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         pid_k = tl.program_id(2)
-        tl.store(part_ptr + pid_k * M * N + offs_m[None, :].to(tl.int64) * N + offs_n[:, None], acc, mask=mask)
-        if pid_k == SPLIT_K - 1:
-            _reduce_split_tile(part_ptr, y_ptr, M, N, stride_ym, SPLIT_K, acc.shape[0], acc.shape[1])
-
-
-@triton.jit(noinline=True)
-def _reduce_split_tile(part_ptr, y_ptr, M, N, stride_ym, SPLIT_K, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
-    """The split-K reduction, run by the tile's last split (program (n, m, SPLIT_K - 1) of the grid): y's tile
-    [BLOCK_N, BLOCK_M] (transposed) = the sum, in split order (deterministic), of the SPLIT_K fp32 partials
-    part[split, m, n] (its own included), taken once none of their elements holds PARTIAL_AWAITED any more;
-    then every element is set back to PARTIAL_AWAITED for the next launch.
-
-    Why no arrival counter: a counter costs the partial's writer a fence (waiting for its stores to land) and
-    an atomic, and the reader the atomic's answer before its loads: three global round trips one after another
-    (~0.4 us each at decode). Here a partial's own bits say that it has landed (a 32-bit store is never seen
-    half done), so a contributor only stores, and the last split reads as soon as the data is there.
-    Progress: the last split waits only for splits with lower program ids (the same tile, earlier along the
-    grid's slowest axis), which the GPU dispatches before it (Triton's interpreter runs them before it).
-    A function of its own (noinline, scalar arguments only): inlined, its registers changed ptxas's schedule
-    of the main loop (sm_90, Triton 3.6; two plans under a register cap spilled).
-    """
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask = (offs_n < N)[:, None] & (offs_m < M)[None, :]
-    words = part_ptr.to(tl.pointer_type(tl.uint32), bitcast=True) + offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
-    split_stride = M * N
-    total = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-    awaited = 1
-    while awaited > 0:  # until every contributor's store has landed (volatile loads: read anew each time)
-        total, awaited = _sum_partials(words, mask, split_stride, SPLIT_K, BLOCK_N, BLOCK_M)
-    for split in range(SPLIT_K):
-        tl.store(words + split * split_stride, tl.full((BLOCK_N, BLOCK_M), _PARTIAL_AWAITED, tl.uint32), mask=mask)
-    tl.store(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], total.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _sum_partials(words, mask, split_stride, SPLIT_K, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """(sum of the SPLIT_K partials' values in split order, count of their elements still PARTIAL_AWAITED). Volatile
-    loads (read anew on every call), four partials in flight at a time (a plain loop over SPLIT_K waits for each
-    partial before loading the next: volatile loads are not unrolled)."""
-    total = tl.zeros((ROWS, COLS), tl.float32)
-    awaited = tl.zeros((ROWS, COLS), tl.int32)
-    for first in range(0, SPLIT_K, 4):
-        batch = ()
-        for j in tl.static_range(4):
-            present = mask & (tl.full((ROWS, COLS), first + j, tl.int32) < SPLIT_K)  # (the last batch may pass SPLIT_K)
-            batch = batch + (tl.load(words + (first + j) * split_stride, mask=present, other=0, volatile=True),)
-        for j in tl.static_range(4):
-            awaited += (batch[j] == _PARTIAL_AWAITED).to(tl.int32)
-            total += batch[j].to(tl.float32, bitcast=True)
-    return total, tl.sum(awaited)
+        tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+        part_ptrs = part_ptr + offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
+        # part [SPLIT_K, M, N]; < 2**31 elements: checked by the launcher
+        if _publish_partial(acc, part_ptrs + pid_k * M * N, mask, lock_ptr + tile) == SPLIT_K - 1:
+            total = tl.zeros_like(acc)
+            for split in range(SPLIT_K):
+                total += tl.load(part_ptrs + split * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+            _finish_tile(total, y_ptrs, mask, lock_ptr + tile)
 
 
 @triton.jit
@@ -494,7 +446,7 @@ def _tile_accumulate(
 
 @triton.jit
 def _w4a16_tc_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr,
+    x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr,
     M, N, K, num_groups, stride_xm, stride_ym,
     GROUP_SIZE: tl.constexpr,
     FOLD_SUBS: tl.constexpr,  # 16-row slices per scale fold: min(G, 128) / 16 (8 for per-channel)
@@ -546,7 +498,7 @@ def _w4a16_tc_kernel(
         num_groups, stride_xm, GROUP_SIZE, FOLD_SUBS, SYMMETRIC, SCALE_IN_OPERAND, MAGIC_PAIR, MAGIC_VALUE, USE_ASM, DOT_DTYPE, BLOCK_N,
         BLOCK_M, EVEN_K, ONE_TOKEN, PER_CHANNEL, DOT_PARTS, STREAM_PARAMS,
     )
-    _store_output(acc, y_ptr, part_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
+    _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
 
 
 @triton.jit
@@ -615,7 +567,7 @@ def _w4a16_streamk_kernel(
 
 @triton.jit
 def _w4a16_gemv_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr,
+    x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr,
     M, N, K, group_size, stride_xm, stride_ym,
     FOLD_SUBS: tl.constexpr, SYMMETRIC: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K, IS_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
@@ -673,7 +625,7 @@ def _w4a16_gemv_kernel(
             acc3 += s[:, None, None] * part3
 
     acc = tl.sum(acc3, axis=1)
-    _store_output(acc, y_ptr, part_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
+    _store_output(acc, y_ptr, part_ptr, lock_ptr, offs_n, offs_m, n_mask, m_mask, M, N, stride_ym, SPLIT_K, IS_SPLIT)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -739,7 +691,7 @@ class _MatmulLaunch:
     fixed_ints: tuple
 
 
-_TENSOR_ARGS = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr")  # + "lock_ptr" (Stream-K's counters)
+_TENSOR_ARGS = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr")
 _CALL_INTS = ("M", "N", "K", "stride_xm", "stride_ym")  # the int arguments every matmul kernel takes per call
 
 
@@ -774,8 +726,7 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
 
     def prepared(kernel, kernel_constexprs: dict, fixed: dict, programs: int = 0) -> _MatmulLaunch:
         # the int arguments fixed for this plan and format, named and valued in one place
-        tensor_names = _TENSOR_ARGS + (("lock_ptr",) if programs else ())
-        launch = PreparedLaunch(kernel, kernel_constexprs, options, tensor_names, _CALL_INTS + tuple(fixed))
+        launch = PreparedLaunch(kernel, kernel_constexprs, options, _TENSOR_ARGS, _CALL_INTS + tuple(fixed))
         return _MatmulLaunch(plan.path, block_n, block_m, split_k if plan.path != "streamk" else 1, programs, launch,
                              tuple(fixed.values()))
 
@@ -827,8 +778,7 @@ def _launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan: Plan
         return y, None
     part = tensors[_PART_SLOT]  # y itself when the plan uses no split-K scratch (`_launch_arguments`)
     scratch = None if part is y else workspace_entry(x2.device, stream)
-    which = 1 if run.path == "streamk" else AWAITED_WORKSPACE  # the entry's workspace `_launch_arguments` took
-    return y, RepeatGemm(bound, tuple(y.shape), y.dtype, y.device, scratch, which, part)
+    return y, RepeatGemm(bound, tuple(y.shape), y.dtype, y.device, scratch, part)
 
 
 class RepeatGemm:
@@ -843,16 +793,15 @@ class RepeatGemm:
     and its owner drops it, so that it does not keep the old workspace alive.
     """
 
-    __slots__ = ("launch", "shape", "dtype", "device", "scratch", "which", "workspace")
+    __slots__ = ("launch", "shape", "dtype", "device", "scratch", "workspace")
 
     def __init__(self, launch: BoundLaunch, shape: tuple, dtype: torch.dtype, device: torch.device, scratch: list | None,
-                 which: int, workspace: torch.Tensor):
+                 workspace: torch.Tensor):
         self.launch, self.shape, self.dtype, self.device = launch, shape, dtype, device
-        # the stream's scratch entry (launch.workspace_entry), which of its workspaces is bound, the bound one
-        self.scratch, self.which, self.workspace = scratch, which, workspace
+        self.scratch, self.workspace = scratch, workspace  # the stream's [slot, workspace] entry, the bound workspace
 
     def stale(self) -> bool:
-        return self.scratch is not None and self.scratch[self.which] is not self.workspace
+        return self.scratch is not None and self.scratch[1] is not self.workspace
 
     def __call__(self, x2, qweight, scales, zeros) -> torch.Tensor | None:
         y = torch.empty(self.shape, device=self.device, dtype=self.dtype)
@@ -881,24 +830,23 @@ def _launch_arguments(x2, qweight, scales, zeros, in_features, group_size, plan:
     stream_params = plan.config.get("STREAM_PARAMS", False) and _params_line_up(n, scales, zeros)
     run = _matmul_launch(plan, x2.dtype, device_type, zeros is None, in_features, group_size, one_token, stream_params)
     y = torch.empty((m, n), device=device, dtype=x2.dtype) if out is None else out
+    tiles = -(-n // run.block_n) * -(-m // run.block_m)  # ceil-divs (triton.cdiv costs ~3 us from the host)
     if run.path == "streamk":
-        tiles = -(-n // run.block_n) * -(-m // run.block_m)  # ceil-divs (triton.cdiv costs ~3 us from the host)
         units = tiles * -(-k // K_BLOCK)
         programs = min(run.programs, units)  # every program gets >= 1 unit (the reduction counts on it)
         if units * programs >= 2**31:
             raise ValueError(f"Stream-K work list too long for int32 arithmetic: PROGRAMS={programs}, M={m}, N={n}, K={k}")
         grid = (programs,)
         part, lock = split_k_scratch(device, stream, tiles, programs * 2 * run.block_n * run.block_m)
-        tensors = (x2, qweight, scales, scales if zeros is None else zeros, y, part, lock)
     else:
         grid = (-(-n // run.block_n), -(-m // run.block_m), run.split_k)
         if run.split_k > 1:
             if run.split_k * m * n >= 2**31:
                 raise ValueError(f"split-K workspace too large for int32 offsets: SPLIT_K={run.split_k}, M={m}, N={n}")
-            part = split_k_partials(device, stream, run.split_k * m * n)
+            part, lock = split_k_scratch(device, stream, tiles, run.split_k * m * n)
         else:
-            part = y  # unused
-        tensors = (x2, qweight, scales, scales if zeros is None else zeros, y, part)
+            part = lock = y  # unused
+    tensors = (x2, qweight, scales, scales if zeros is None else zeros, y, part, lock)
     return run, grid, tensors, (m, n, k, x2.stride(0), y.stride(0)) + run.fixed_ints, y
 
 

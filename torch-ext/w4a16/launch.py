@@ -3,9 +3,8 @@ split-K scratch and a repeat-launch fast path. No kernels here; nothing here cha
 
 - `COMPILE_OPTIONS`: the compile options every kernel is built with, stated, so that a Triton release that
   changes a default does not change the code a kernel compiles to.
-- `split_k_partials` / `split_k_scratch`: the fp32 partial-sum workspace of a split-K launch (awaited: every
-  element holding a sentinel between launches) or of a Stream-K / pingpong launch (with zeroed arrival
-  counters), cached per (device, stream) so that a call allocates nothing and runs no memset or fill.
+- `split_k_scratch`: the fp32 partial-sum workspace and the zeroed arrival counters a split-K launch
+  needs, cached per (device, stream) so that a call allocates nothing and runs no memset.
 - `PreparedLaunch`: a kernel with its constexprs and options fixed once; a call launches it with
   this call's tensors, ints (and TMA descriptors), skipping Triton's per-call dispatch on repeat
   launches (NVIDIA, the Triton versions it mirrors); everywhere else Triton's own path.
@@ -18,8 +17,8 @@ from __future__ import annotations
 import torch
 import triton
 
-__all__ = ["COMPILE_OPTIONS", "COUNTER_SLOT", "PARTIAL_AWAITED", "split_k_partials", "split_k_scratch", "workspace_entry",
-           "current_stream", "PreparedLaunch", "BoundLaunch"]
+__all__ = ["COMPILE_OPTIONS", "COUNTER_SLOT", "split_k_scratch", "workspace_entry", "current_stream", "PreparedLaunch",
+           "BoundLaunch"]
 
 
 # Compile options every kernel of the package is built with, stated rather than left to Triton's defaults:
@@ -28,79 +27,44 @@ __all__ = ["COMPILE_OPTIONS", "COUNTER_SLOT", "PARTIAL_AWAITED", "split_k_partia
 COMPILE_OPTIONS = {"enable_fp_fusion": True}
 
 COUNTER_SLOT = 16384  # split-K tiles per stream (N / BLOCK_N * M / BLOCK_M; 57344 / 64 * 4 = 3584)
-_SCRATCH_STREAMS = 16  # streams per device with cached scratch (counter slot + workspaces)
+_SCRATCH_STREAMS = 16  # streams per device with cached scratch (counter slot + workspace)
 _counter_pools: dict = {}  # device -> zeroed int32 [_SCRATCH_STREAMS * COUNTER_SLOT]
-_scratch: dict = {}  # (device, stream) -> [counter slot, fp32 workspace, awaited fp32 workspace]
-AWAITED_WORKSPACE = 2  # where an entry holds the workspace `split_k_partials` hands out
-
-# The bits every element of an awaited workspace holds between launches: a signalling NaN, which no fp32
-# arithmetic produces (an operation on any NaN gives a quiet one), so a partial sum never looks like it.
-PARTIAL_AWAITED = 0x7FA5A5A5
-
-
-def _stream_entry(device: torch.device, stream: int) -> list | None:
-    """The cached scratch entry of (device, stream), made on first use; None where none can be cached (more
-    than _SCRATCH_STREAMS streams on the device, or the device's counter pool not made yet during a CUDA-graph
-    capture: it is made eagerly, zeroed)."""
-    entry = _scratch.get((device, stream))
-    if entry is None:
-        pool = _counter_pools.get(device)
-        if pool is None and not _capturing(device):
-            pool = _counter_pools[device] = torch.zeros(_SCRATCH_STREAMS * COUNTER_SLOT, device=device, dtype=torch.int32)
-        used = sum(1 for d, _ in _scratch if d == device)
-        if pool is None or used >= _SCRATCH_STREAMS:
-            return None
-        empty = torch.empty(0, device=device, dtype=torch.float32)
-        entry = _scratch[(device, stream)] = [pool[used * COUNTER_SLOT: (used + 1) * COUNTER_SLOT], empty, empty]
-    return entry
-
-
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+_scratch: dict = {}  # (device, stream) -> [counter slot, fp32 workspace]
 
 
 def split_k_scratch(device: torch.device, stream: int, tiles: int, partials: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp32 workspace of >= `partials` elements, zeroed int32 arrival counters for `tiles` tiles): the
-    scratch of the counted reduction (Stream-K and pingpong kernels).
+    """(fp32 workspace of >= `partials` elements, zeroed int32 arrival counters for `tiles` tiles).
 
-    Both are kept per (device, stream) and reused, so a call allocates nothing. GEMMs on one
+    Both are kept per (device, stream) and reused, so a split-K call allocates nothing. GEMMs on one
     stream run in order and never share them in flight; two streams never share them. The kernel's
-    last arriving program resets its tile's counter, so the counters are zero again after every launch.
+    last arriving split resets its tile's counter, so the counters are zero again after every launch.
     Counter slots come from one pool per device, zeroed when it is made, eagerly. The first
     _SCRATCH_STREAMS streams of a device get cached scratch; later streams, a pool not yet made
     (CUDA-graph capture before any eager call on the device) or more tiles than a slot holds get a
     fresh workspace and freshly zeroed counters per call (a memset, which a graph then replays).
     """
-    entry = _stream_entry(device, stream)
-    if entry is None or tiles > COUNTER_SLOT:
-        return (torch.empty(partials, device=device, dtype=torch.float32),
-                torch.zeros(tiles, device=device, dtype=torch.int32))
-    slot, work = entry[0], entry[1]
+    entry = _scratch.get((device, stream))
+    if entry is None:
+        pool = _counter_pools.get(device)
+        if pool is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            pool = _counter_pools[device] = torch.zeros(_SCRATCH_STREAMS * COUNTER_SLOT, device=device, dtype=torch.int32)
+        used = sum(1 for d, _ in _scratch if d == device)
+        if pool is None or used >= _SCRATCH_STREAMS or tiles > COUNTER_SLOT:
+            return (torch.empty(partials, device=device, dtype=torch.float32),
+                    torch.zeros(tiles, device=device, dtype=torch.int32))
+        entry = _scratch[(device, stream)] = [pool[used * COUNTER_SLOT: (used + 1) * COUNTER_SLOT],
+                                              torch.empty(0, device=device, dtype=torch.float32)]
+    slot, work = entry
     if work.numel() < partials:
         work = entry[1] = torch.empty(partials, device=device, dtype=torch.float32)
+    if tiles > COUNTER_SLOT:
+        return work, torch.zeros(tiles, device=device, dtype=torch.int32)
     return work, slot
 
 
-def split_k_partials(device: torch.device, stream: int, partials: int) -> torch.Tensor:
-    """fp32 workspace of >= `partials` elements, every one holding the bits PARTIAL_AWAITED: the scratch of the
-    awaited reduction (gemm.py's split-K kernels), whose reducing program takes each partial once its bits
-    are no longer PARTIAL_AWAITED and writes PARTIAL_AWAITED back, so the workspace is all awaited again after
-    every launch. Cached per (device, stream) as `split_k_scratch`'s; where that gives fresh scratch, or
-    when a CUDA-graph capture needs a larger one (its fill would run only when the graph replays, so it is
-    not cached for eager calls), a fresh workspace is filled per call (a fill kernel, which a graph replays).
-    """
-    entry = _stream_entry(device, stream)
-    if entry is not None and entry[AWAITED_WORKSPACE].numel() >= partials:
-        return entry[AWAITED_WORKSPACE]
-    work = torch.full((partials,), PARTIAL_AWAITED, device=device, dtype=torch.int32).view(torch.float32)
-    if entry is not None and not _capturing(device):
-        entry[AWAITED_WORKSPACE] = work
-    return work
-
-
 def workspace_entry(device: torch.device, stream: int) -> list | None:
-    """The cached [counter slot, workspace, awaited workspace] entry of (device, stream), or None. A workspace
-    is replaced (by a larger one) when a call needs more: a kept launch compares it with the one it bound."""
+    """The cached [counter slot, workspace] pair of (device, stream), or None. Its workspace is replaced
+    (a larger one) when a call needs more: a kept launch compares it with the workspace it bound."""
     return _scratch.get((device, stream))
 
 
