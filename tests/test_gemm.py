@@ -553,12 +553,14 @@ def test_split_k_counters_are_reused_clean(w4a16, device):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     weight, ref = random_layer(w4a16, 512, 40, 128, False, torch.float16, device, seed=11)
     launch = w4a16.launch
-    dev = torch.device(device)
+    dev = weight.qweight.device  # the launches' own key (on a GPU "cuda:0": a bare "cuda" would name another entry)
     for m in (1, 5):
         x = torch.randn(m, 512).to(device=device, dtype=torch.float16)
         err = run_and_check(w4a16, weight, ref, x, "splitk:operand")
         assert err < TOL[torch.float16]
         work, counters = launch.split_k_scratch(dev, launch.current_stream(dev), 64, 100)
+        # the stream's cached slot, which the launch used (not a fresh, zeroed one)
+        assert counters is launch.workspace_entry(dev, launch.current_stream(dev))[0]
         assert work.numel() >= 100 and counters.numel() >= 64 and int(counters.abs().sum()) == 0
     # a register cap (tuned entries carry `maxnreg`) is a launch option only: same result
     x = torch.randn(3, 512).to(device=device, dtype=torch.float16)
