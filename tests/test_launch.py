@@ -104,8 +104,8 @@ class _FakeDescriptor:
 
 def test_prepared_launch_passes_descriptors(w4a16, monkeypatch):
     """The pingpong kernel's prepared launch: its x descriptor reaches the launcher in the kernel's x_desc slot, a
-    descriptor of another dtype or block shape is another specialisation (Triton's path again), and such a launch
-    is never bound for repeats (the descriptor holds x's address)."""
+    descriptor of another dtype or block shape is another specialisation (Triton's path again), and a launch kept
+    for repeats takes a new descriptor per call (it holds x's address)."""
     pingpong, launch = w4a16.gemm_pingpong, w4a16.launch
     if not pingpong.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
@@ -128,7 +128,18 @@ def test_prepared_launch_passes_descriptors(w4a16, monkeypatch):
     for other in (_FakeDescriptor(torch.bfloat16, [128, 64]), _FakeDescriptor(torch.float16, [256, 64])):
         prepared(grid, tensors, ints, stream, (other,))
         assert through_triton[-1] == (other,)
-    assert prepared.bind(grid, tensors, ints, stream, (0,)) is None
+    assert prepared.bind(grid, tensors, ints, stream, (0,)) is None  # no descriptor: not the launch's specialisation
+
+    # kept for repeats (the eager pingpong call): a repeat passes the chosen tensors' addresses, then a new descriptor
+    bound = prepared.bind(grid, tensors, ints, stream, (0, 3), (first,))
+    later = tuple(torch.empty(64, dtype=torch.float32) for _ in range(2))
+    third = _FakeDescriptor(torch.float16, [128, 64])
+    bound((later[0].data_ptr(), later[1].data_ptr(), third))
+    kind, direct_args = compiled.run.calls[-1]
+    kernel_args = direct_args[13:]
+    assert kind == "direct" and kernel_args[names.index("x_desc")] is third
+    assert kernel_args[names.index("qw_ptr")] == later[0].data_ptr() and kernel_args[names.index("y_ptr")] == later[1].data_ptr()
+    assert kernel_args[names.index("s_ptr")] == tensors[1].data_ptr() and kernel_args[names.index("M")] == 128
 
 
 def test_copies_of_a_weight_start_without_kept_launches(w4a16):
@@ -151,6 +162,26 @@ def test_copies_of_a_weight_start_without_kept_launches(w4a16):
 
 def _relative_error(y, expected):
     return float((y.double() - expected).norm() / expected.norm())
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
+                    reason="the pingpong kernel runs on sm_90")
+def test_repeat_pingpong_calls_match_reference(w4a16):
+    """An eager pingpong call (a tuned shape at M = 128 / 256 / 200: split tiles, whole tiles, a ragged M) keeps its
+    launch too; repeats make x's descriptor anew and stay right, and bitwise equal to the full path."""
+    weight, ref = random_layer(w4a16, 4096, 4096, 128, False, torch.float16, "cuda", seed=24)
+    stream = w4a16.launch.current_stream(torch.device("cuda"))
+    for m in (128, 256, 200):
+        assert w4a16.plan_for(weight, m, torch.float16).path == "pingpong", m
+        for round in range(3):  # the first call keeps its launch, the others repeat it
+            x = torch.randn(m, 4096, device="cuda", dtype=torch.float16)
+            y = w4a16.w4a16_linear(x, weight)
+            assert _relative_error(y, x.double() @ ref) < TOL[torch.float16], (m, round)
+            full = w4a16.matmul.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, None, 4096, 128)
+            assert torch.equal(y, full), (m, round)
+        if w4a16.launch._fast_launch:
+            kept = weight.repeat_launches[(m, torch.float16, stream, False)]
+            assert isinstance(kept, w4a16.launch.RepeatLaunch) and kept.x_descriptor is not None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="kept launches are the eager CUDA path")

@@ -56,10 +56,10 @@ from triton.language.extra.cuda import gdc_wait
 
 from .dequant import MAGIC_PAIR, MAGIC_VALUE, concat_slices, operand_part, pack_pair, row_of, uint_as_float, unpack_slices
 from .dispatch import Plan
-from .launch import COMPILE_OPTIONS, BoundLaunch, PreparedLaunch, current_stream, split_k_scratch, workspace_entry
+from .launch import COMPILE_OPTIONS, PreparedLaunch, RepeatLaunch, current_stream, split_k_scratch, workspace_entry
 from .layout import K_BLOCK, N_TILE, groups_per_block
 
-__all__ = ["launch_gemm", "launch_gemm_kept", "RepeatGemm", "dequantize_native"]
+__all__ = ["launch_gemm", "launch_gemm_kept", "dequantize_native"]
 
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 _N_TILE = tl.constexpr(N_TILE)  # output rows per stored weight tile (layout.py)
@@ -757,8 +757,8 @@ def launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan: Plan,
     return _launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan, out, keep=False)[0]
 
 
-def launch_gemm_kept(x2, qweight, scales, zeros, in_features, group_size, plan: Plan) -> tuple[torch.Tensor, RepeatGemm | None]:
-    """`launch_gemm`, and the launch kept as a `RepeatGemm` (None where Triton's fast launch path does
+def launch_gemm_kept(x2, qweight, scales, zeros, in_features, group_size, plan: Plan) -> tuple[torch.Tensor, RepeatLaunch | None]:
+    """`launch_gemm`, and the launch kept as a `launch.RepeatLaunch` (None where Triton's fast launch path does
     not apply: see `PreparedLaunch.bind`)."""
     return _launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan, None, keep=True)
 
@@ -778,39 +778,7 @@ def _launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan: Plan
         return y, None
     part = tensors[_PART_SLOT]  # y itself when the plan uses no split-K scratch (`_launch_arguments`)
     scratch = None if part is y else workspace_entry(x2.device, stream)
-    return y, RepeatGemm(bound, tuple(y.shape), y.dtype, y.device, scratch, part)
-
-
-class RepeatGemm:
-    """One `launch_gemm` call kept to be repeated on new tensors of the same shapes and dtypes: the
-    eager host path of repeat decode calls (no planning, no argument building).
-
-    A call takes x2 [M, K] (contiguous, the kept call's dtype) and the weight's tensors, allocates
-    y [M, N] and launches; it returns None (launching nothing) when an address is not 16-byte
-    aligned, which the kept compiled kernel assumes. The split-K scratch of the kept call stays
-    bound (and alive): calls on one stream run in order, as they would sharing the stream's scratch.
-    Once the stream's cached workspace has been replaced by a larger one the kept launch is `stale`
-    and its owner drops it, so that it does not keep the old workspace alive.
-    """
-
-    __slots__ = ("launch", "shape", "dtype", "device", "scratch", "workspace")
-
-    def __init__(self, launch: BoundLaunch, shape: tuple, dtype: torch.dtype, device: torch.device, scratch: list | None,
-                 workspace: torch.Tensor):
-        self.launch, self.shape, self.dtype, self.device = launch, shape, dtype, device
-        self.scratch, self.workspace = scratch, workspace  # the stream's [slot, workspace] entry, the bound workspace
-
-    def stale(self) -> bool:
-        return self.scratch is not None and self.scratch[1] is not self.workspace
-
-    def __call__(self, x2, qweight, scales, zeros) -> torch.Tensor | None:
-        y = torch.empty(self.shape, device=self.device, dtype=self.dtype)
-        addresses = (x2.data_ptr(), qweight.data_ptr(), scales.data_ptr(), (scales if zeros is None else zeros).data_ptr(),
-                     y.data_ptr())
-        if (addresses[0] | addresses[1] | addresses[2] | addresses[3] | addresses[4]) & 15:
-            return None
-        self.launch(addresses)
-        return y
+    return y, RepeatLaunch(bound, tuple(y.shape), y.dtype, y.device, scratch, part)
 
 
 def _params_line_up(n: int, scales: torch.Tensor, zeros: torch.Tensor | None) -> bool:

@@ -49,7 +49,7 @@ import torch
 import triton
 
 from .dequant import MAGIC_PAIR, MAGIC_VALUE
-from .launch import COMPILE_OPTIONS, PreparedLaunch, current_stream, split_k_scratch
+from .launch import COMPILE_OPTIONS, PreparedLaunch, RepeatLaunch, current_stream, split_k_scratch, workspace_entry
 from .layout import K_BLOCK, groups_per_block
 
 try:  # Gluon is experimental: absent before Triton 3.5, and its names move between releases
@@ -65,7 +65,7 @@ try:  # Gluon is experimental: absent before Triton 3.5, and its names move betw
 except ImportError:  # pragma: no cover - exercised only with an old Triton
     HAVE_GLUON = False
 
-__all__ = ["HAVE_GLUON", "available", "launch_pingpong", "compile_for_sm90"]
+__all__ = ["HAVE_GLUON", "available", "launch_pingpong", "launch_pingpong_kept", "compile_for_sm90"]
 
 _CONSUMER_REGS = triton.language.constexpr(232)  # registers per consumer thread (setmaxnreg); the loader warp keeps 24
 # the magic-number unpack's constants (dequant.py) as values a Gluon kernel can read: fp16 / bf16
@@ -474,6 +474,19 @@ def launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: in
     """y = x2 @ W by `_pingpong_kernel` with the plan's (a dispatch.Plan) BLOCK_M (64, 128 or 256), num_stages (ring
     depth), SPLIT_K or PROGRAMS, CONSUMERS, UNPACK_AHEAD and maxnreg. x2 [M, K] is copied first when TMA cannot read it
     in place."""
+    return _launch_pingpong(x2, qweight, scales, zeros, in_features, group_size, plan, out, keep=False)[0]
+
+
+def launch_pingpong_kept(x2, qweight, scales, zeros, in_features: int, group_size: int, plan) -> tuple[torch.Tensor, RepeatLaunch | None]:
+    """`launch_pingpong`, and the launch kept as a `launch.RepeatLaunch` that makes x's descriptor per call (None where
+    Triton's fast launch path does not apply: see `PreparedLaunch.bind`)."""
+    return _launch_pingpong(x2, qweight, scales, zeros, in_features, group_size, plan, None, keep=True)
+
+
+_REPEAT_SLOTS = tuple(_TENSOR_ARGS.index(name) for name in ("qw_ptr", "s_ptr", "z_ptr", "y_ptr"))  # (x: its descriptor)
+
+
+def _launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: int, plan, out, keep: bool):
     if not available(x2.device):
         raise RuntimeError(f"w4a16: path 'pingpong' needs Gluon (Triton >= 3.5) and an NVIDIA sm_90 GPU; x is on {x2.device}")
     run = _pingpong_launch(plan, in_features, group_size, zeros is None)
@@ -497,8 +510,15 @@ def launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: in
     stream = current_stream(x2.device)
     part, lock = split_k_scratch(x2.device, stream, tiles * run.consumers if shared else 0, partials)
     tensors = (qweight, scales, scales if zeros is None else zeros, y, part, lock)
-    run.kernels[shared]((programs,), tensors, (m, n, k, group_size, y.stride(0)), stream, (_x_descriptor(x2, run.block_m),))
-    return y
+    ints, descriptors, kernel = (m, n, k, group_size, y.stride(0)), (_x_descriptor(x2, run.block_m),), run.kernels[shared]
+    kernel((programs,), tensors, ints, stream, descriptors)
+    bound = kernel.bind((programs,), tensors, ints, stream, _REPEAT_SLOTS, descriptors) if keep else None
+    if bound is None:
+        return y, None
+    # (the workspace stays bound even with whole tiles, where the kernel does not read it: the launch then goes stale
+    # with it rather than keep a replaced one alive)
+    x_descriptor = functools.partial(_x_descriptor, block_m=run.block_m)
+    return y, RepeatLaunch(bound, (m, n), y.dtype, y.device, workspace_entry(x2.device, stream), part, x_descriptor)
 
 
 def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, stages: int = 4, symmetric: bool = False,

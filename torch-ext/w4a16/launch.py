@@ -9,7 +9,9 @@ split-K scratch and a repeat-launch fast path. No kernels here; nothing here cha
   this call's tensors, ints (and TMA descriptors), skipping Triton's per-call dispatch on repeat
   launches (NVIDIA, the Triton versions it mirrors); everywhere else Triton's own path.
 - `BoundLaunch`: one launch of a `PreparedLaunch` (compiled kernel, grid, stream, arguments) kept to
-  be repeated with new addresses for some of its tensors: the eager decode call's host path.
+  be repeated with new addresses for some of its tensors (and new TMA descriptors).
+- `RepeatLaunch`: a GEMM's `BoundLaunch` with its output allocation and alignment checks: the eager
+  repeat call's host path (`matmul.matmul_weight`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 import triton
 
 __all__ = ["COMPILE_OPTIONS", "COUNTER_SLOT", "split_k_scratch", "workspace_entry", "current_stream", "PreparedLaunch",
-           "BoundLaunch"]
+           "BoundLaunch", "RepeatLaunch"]
 
 
 # Compile options every kernel of the package is built with, stated rather than left to Triton's defaults:
@@ -129,20 +131,24 @@ class PreparedLaunch:
             args[slot] = descriptor
         _run_compiled(compiled, grid, stream, args)
 
-    def bind(self, grid: tuple, tensors: tuple, ints: tuple, stream: int, call_slots: tuple) -> BoundLaunch | None:
+    def bind(self, grid: tuple, tensors: tuple, ints: tuple, stream: int, call_slots: tuple,
+             descriptors: tuple = ()) -> BoundLaunch | None:
         """This launch (as `__call__` would run it) kept for repeating, or None where the fast path
         does not apply: not NVIDIA / not these Triton versions, not compiled yet for this
         specialisation, or a tensor address not 16-byte aligned. `call_slots` name the positions in
-        `tensors` whose addresses each repeat passes anew; the others are fixed, and kept alive."""
-        if not _takes_fast_path(tensors[0]) or self.descriptor_names:  # (a descriptor holds an address too)
+        `tensors` whose addresses each repeat passes anew; the others are fixed, and kept alive. A repeat
+        passes every descriptor anew too (each holds an address), after the addresses, and must keep their
+        dtype and block shape (the specialisation bound here)."""
+        if not _takes_fast_path(tensors[0]):
             return None
         addresses = [t.data_ptr() for t in tensors]
-        compiled = self._compiled.get((self._spec(tensors, addresses, ints),))
+        spec = (self._spec(tensors, addresses, ints), *[(d.base.dtype, tuple(d.block_shape)) for d in descriptors])
+        compiled = self._compiled.get(spec)
         if compiled is None or any(a % 16 for a in addresses):
             return None
         kept = tuple(t for i, t in enumerate(tensors) if i not in call_slots)
         return BoundLaunch(compiled, grid, stream, self._arguments(addresses, ints),
-                           tuple(self._tensor_slots[i] for i in call_slots), kept)
+                           tuple(self._tensor_slots[i] for i in call_slots) + tuple(self._descriptor_slots), kept)
 
     @staticmethod
     def _spec(tensors: tuple, addresses: list, ints: tuple) -> tuple:
@@ -174,14 +180,16 @@ def _run_compiled(compiled, grid: tuple, stream: int, args: list) -> None:
 
 
 class BoundLaunch:
-    """A compiled kernel's launch with grid, stream and arguments fixed: a call passes new addresses
-    for the tensors at `call_slots` (kernel parameter positions) and launches. Made by
-    `PreparedLaunch.bind` after a launch of the same specialisation; the caller guarantees that the
-    repeat matches it (same shapes, strides, dtypes; every address 16-byte aligned).
+    """A compiled kernel's launch with grid, stream and arguments fixed: a call passes new values for the
+    parameters at `call_slots` (kernel parameter positions: tensor addresses, then any TMA descriptors) and
+    launches. Made by `PreparedLaunch.bind` after a launch of the same specialisation; the caller guarantees
+    that the repeat matches it (same shapes, strides, dtypes; every address 16-byte aligned; descriptors of
+    the same dtype, block shape and layout).
 
     With no launch hooks registered (no profiler attached) it calls Triton's C launcher directly
-    (no launch metadata, no hook calls, no scratch allocation: the kernels need none); otherwise,
-    or if the compiled kernel wants global scratch, it launches as `JITFunction.run` would.
+    (no launch metadata, no hook calls, no scratch allocation: the kernels need none; a descriptor is
+    encoded by the launcher's own wrapper, as on Triton's path); otherwise, or if the compiled kernel
+    wants global scratch, it launches as `JITFunction.run` would.
     """
 
     __slots__ = ("compiled", "grid", "stream", "args", "call_slots", "kept", "_direct")
@@ -194,10 +202,10 @@ class BoundLaunch:
         if getattr(launcher, "global_scratch_size", 1) == 0 and getattr(launcher, "profile_scratch_size", 1) == 0:
             self._direct = (launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl)
 
-    def __call__(self, addresses: tuple) -> None:
+    def __call__(self, values: tuple) -> None:
         args = self.args.copy()
-        for slot, address in zip(self.call_slots, addresses):
-            args[slot] = address
+        for slot, value in zip(self.call_slots, values):
+            args[slot] = value
         knobs = triton.knobs.runtime
         if self._direct is None or knobs.launch_enter_hook.calls or knobs.launch_exit_hook.calls:
             _run_compiled(self.compiled, self.grid, self.stream, args)
@@ -205,3 +213,42 @@ class BoundLaunch:
         launch, cooperative, pdl = self._direct
         launch(*self.grid, self.stream, self.compiled.function, cooperative, pdl, None, None, self.compiled.packed_metadata,
                None, None, None, *args)
+
+
+class RepeatLaunch:
+    """One GEMM launch kept to be repeated on new tensors of the same shapes and dtypes: the eager host path of
+    repeat calls (no planning, no argument building). Made by `gemm.launch_gemm_kept` and
+    `gemm_pingpong.launch_pingpong_kept`.
+
+    A call takes x2 [M, K] (contiguous, the kept call's dtype) and the weight's tensors, allocates y [M, N] and
+    launches; it returns None (launching nothing) when an address is not 16-byte aligned, which the kept
+    compiled kernel assumes. x reaches the kernel as its address, or with `x_descriptor` (a function of x2) as
+    the TMA descriptor it makes per call. The split-K scratch of the kept call stays bound (and alive): calls on
+    one stream run in order, as they would sharing the stream's scratch. Once the stream's cached workspace
+    (entry `scratch`, index `which`: `workspace_entry`) has been replaced by a larger one the kept launch is
+    `stale` and its owner drops it, so that it does not keep the old workspace alive.
+    """
+
+    __slots__ = ("launch", "shape", "dtype", "device", "scratch", "which", "workspace", "x_descriptor")
+
+    def __init__(self, launch: BoundLaunch, shape: tuple, dtype: torch.dtype, device: torch.device, scratch: list | None,
+                 workspace: torch.Tensor, x_descriptor=None, which: int = 1):
+        self.launch, self.shape, self.dtype, self.device = launch, shape, dtype, device
+        # the stream's scratch entry, which of its tensors is the bound workspace, the bound workspace
+        self.scratch, self.which, self.workspace = scratch, which, workspace
+        self.x_descriptor = x_descriptor
+
+    def stale(self) -> bool:
+        return self.scratch is not None and self.scratch[self.which] is not self.workspace
+
+    def __call__(self, x2, qweight, scales, zeros) -> torch.Tensor | None:
+        y = torch.empty(self.shape, device=self.device, dtype=self.dtype)
+        x_address = x2.data_ptr()
+        addresses = (qweight.data_ptr(), scales.data_ptr(), (scales if zeros is None else zeros).data_ptr(), y.data_ptr())
+        if (x_address | addresses[0] | addresses[1] | addresses[2] | addresses[3]) & 15:
+            return None
+        if self.x_descriptor is None:
+            self.launch((x_address,) + addresses)
+        else:
+            self.launch(addresses + (self.x_descriptor(x2),))
+        return y

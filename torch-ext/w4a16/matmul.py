@@ -14,7 +14,7 @@ import torch
 from .dispatch import plan_gemm
 from .gather import gather_columns
 from .gemm import dequantize_native, launch_gemm, launch_gemm_kept
-from .gemm_pingpong import launch_pingpong
+from .gemm_pingpong import launch_pingpong, launch_pingpong_kept
 from .launch import current_stream
 from .layout import W4A16Weight, unpack_int4_tiled_striped, validate_weight_tensors
 from .quantize import apply_group_params
@@ -69,7 +69,7 @@ def matmul_weight(x: torch.Tensor, weight: W4A16Weight, path: str = "auto", stri
     """`w4a16_matmul` on a `W4A16Weight`: its tensors were checked when it was made, so a call checks x only.
 
     Eager repeat calls on CUDA (path "auto", no act-order, x contiguous) repeat the launch kept from
-    the first call of the same (M, dtype, stream, strict) in `weight.repeat_launches` (gemm.RepeatGemm):
+    the first call of the same (M, dtype, stream, strict) in `weight.repeat_launches` (launch.RepeatLaunch):
     the plan of a shape never changes, so planning and building the arguments again is host time only.
     """
     validate_activation(x, weight.in_features, weight.qweight.device)
@@ -123,14 +123,14 @@ def _matmul_checked(x, qweight, scales, zeros, perm, in_features: int, group_siz
     elif plan.path == "dense":
         w = dequantize_native(qweight, scales, zeros, in_features, group_size, x2.dtype)
         y = torch.nn.functional.linear(x2, w)
-    elif plan.path == "pingpong":
-        y = launch_pingpong(x2, qweight, scales, zeros, in_features, group_size, plan, out)
     elif keep_into is not None and out is None:
-        y, repeat = launch_gemm_kept(x2, qweight, scales, zeros, in_features, group_size, plan)
+        launch_kept = launch_pingpong_kept if plan.path == "pingpong" else launch_gemm_kept
+        y, repeat = launch_kept(x2, qweight, scales, zeros, in_features, group_size, plan)
         if repeat is not None:
             keep_into[0][keep_into[1]] = repeat
     else:
-        y = launch_gemm(x2, qweight, scales, zeros, in_features, group_size, plan, out)
+        launch = launch_pingpong if plan.path == "pingpong" else launch_gemm
+        y = launch(x2, qweight, scales, zeros, in_features, group_size, plan, out)
     if out is not None and y is not out:
         out.copy_(y)
         y = out
