@@ -20,25 +20,28 @@ def _on_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-@pytest.mark.parametrize("dtype,symmetric,zeros_dtype,block_m,groups,consumers,shared_tiles", [
-    (torch.float16, False, torch.uint8, 128, 1, 2, False),   # group 128 (and any multiple, and per-channel); whole tiles
-    (torch.bfloat16, True, torch.uint8, 64, 2, 2, True),     # group 64, symmetric; shared tiles (split-K, Stream-K)
-    (torch.float16, False, torch.float16, 256, 4, 2, True),  # group 32, float (fractional) zeros
-    (torch.float16, False, torch.uint8, 128, 1, 1, True),    # one consumer per program, maxnreg 128
+@pytest.mark.parametrize("dtype,symmetric,zeros_dtype,block_m,groups,consumers,reduction", [
+    (torch.float16, False, torch.uint8, 128, 1, 2, "whole"),    # group 128 (and any multiple, and per-channel); whole tiles
+    (torch.bfloat16, True, torch.uint8, 64, 2, 2, "counted"),   # group 64, symmetric; shared tiles (Stream-K, split-K)
+    (torch.float16, False, torch.float16, 256, 4, 2, "spread"),  # group 32, float (fractional) zeros; aligned split-K
+    (torch.float16, False, torch.uint8, 128, 1, 1, "counted"),  # one consumer per program, maxnreg 128
 ])
 @pytest.mark.parametrize("unpack_ahead", [False, True])
 def test_pingpong_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmetric, zeros_dtype, block_m, groups,
-                                    consumers, shared_tiles, unpack_ahead):
+                                    consumers, reduction, unpack_ahead):
     pingpong = w4a16.gemm_pingpong
     if not pingpong.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     compiled = pingpong.compile_for_sm90(dtype, block_m, 3 if block_m < 256 else 2, symmetric, zeros_dtype, groups=groups,
-                                         consumers=consumers, maxnreg=128 if consumers == 1 else None, shared_tiles=shared_tiles,
-                                         unpack_ahead=unpack_ahead)
+                                         consumers=consumers, maxnreg=128 if consumers == 1 else None,
+                                         shared_tiles=reduction != "whole", unpack_ahead=unpack_ahead,
+                                         spread=4 if reduction == "spread" else 0)
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx  # tensor cores fed by TMA
     assert "setmaxnreg" in ptx  # the partitions got their register budgets
-    assert ("atom." in ptx) == shared_tiles  # the shared-tile reduction (arrival counters) only where tiles are shared
+    assert ("atom." in ptx) == (reduction != "whole")  # arrival counters only where tiles are shared
+    # the spread reduction waits for the tile's other contributors (acquire loads of the counter in a loop)
+    assert ("ld.global.gpu.acquire" in ptx) == (reduction == "spread")
     assert compiled.metadata.enable_fp_fusion  # launch.COMPILE_OPTIONS reached the compiler (not Triton's default)
 
 
@@ -117,6 +120,7 @@ def test_pingpong_refuses_what_it_cannot_run(w4a16, device):
     {"BLOCK_M": 64, "num_stages": 3, "SPLIT_K": 1},
     {"BLOCK_M": 128, "num_stages": 4, "SPLIT_K": 3},
     {"BLOCK_M": 256, "num_stages": 2, "SPLIT_K": 2},
+    {"BLOCK_M": 128, "num_stages": 3, "SPLIT_K": 4},  # the spread reduction where K's blocks split evenly (else counted)
     {"BLOCK_M": 128, "num_stages": 2, "SPLIT_K": 2, "CONSUMERS": 1, "maxnreg": 128},
     {"BLOCK_M": 128, "num_stages": 3, "PROGRAMS": 5},  # Stream-K: tiles shared by 2-3 programs, and whole ones
     {"BLOCK_M": 64, "num_stages": 4, "PROGRAMS": 7, "CONSUMERS": 1, "maxnreg": 128},
@@ -141,6 +145,23 @@ def test_pingpong_stream_k_many_contributors(w4a16, programs, consumers, unpack_
     config = {"BLOCK_M": 64, "num_stages": 4, "PROGRAMS": programs, "UNPACK_AHEAD": unpack_ahead,
               **({"CONSUMERS": 1, "maxnreg": 128} if consumers == 1 else {})}
     assert_path_matches_reference(w4a16, weight, ref, ("pingpong", config), torch.float16, "cuda", (1, 64, 130), seed=32)
+
+
+@pytest.mark.skipif(not _on_hopper(), reason="the Gluon kernel needs an sm_90 GPU")
+@pytest.mark.parametrize("split,block_m,k", [(4, 128, 4096), (3, 128, 3072), (2, 64, 1024), (4, 256, 2048)])
+def test_pingpong_spread_reduction(w4a16, split, block_m, k):
+    """An aligned split-K whose programs all fit on the GPU takes the spread reduction (each contributor sums a share
+    of the tile's 32-token chunks, shares of 1-2 chunks): right, and the same bits on every call."""
+    weight, ref = random_layer(w4a16, k, 1000, 128, False, torch.float16, "cuda", seed=61)
+    plan = w4a16.dispatch.Plan("pingpong", {"BLOCK_M": block_m, "num_stages": 3 if block_m < 256 else 2, "SPLIT_K": split}, "test")
+    for m in (block_m, block_m - 27):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(device="cuda", dtype=torch.float16)
+        runs = [w4a16.gemm_pingpong.launch_pingpong(x, weight.qweight, weight.scales, weight.zeros, k, 128, plan) for _ in range(30)]
+        expected = x.double() @ ref.to(device="cuda", dtype=torch.float64)
+        err = float((runs[0].double() - expected).norm() / expected.norm())
+        assert err < TOL[torch.float16], f"M={m}: relative error {err:.2e}"
+        assert all(torch.equal(run, runs[0]) for run in runs[1:]), f"M={m}: results differ between calls"
+    assert any(spread == split for _, spread in next(iter(plan.launches.values())).kernels), "not the spread reduction"
 
 
 @pytest.mark.skipif(not _on_hopper(), reason="the Gluon kernel needs an sm_90 GPU")

@@ -33,7 +33,10 @@ tile's K range SPLIT_K ways, and P = PROGRAMS (a persistent grid, about the SM c
 whatever the tile count (Stream-K: no half-empty last wave). A tile a program covers whole is stored directly; a
 shared one is reduced deterministically: each contributor writes its fp32 partial to its own workspace slot, bumps
 the (tile, consumer) counter, and the last to arrive sums the partials in program order, writes y and resets the
-counter. Assumes P <= T (every program has work) and T < 2**31 (checked by the launcher; P * T may pass it).
+counter. With SPREAD = S (an aligned split-K: each program exactly 1 / S of one tile's K blocks, and all P programs
+resident at once, P <= the SM count: the launcher checks) the S contributors instead wait for one another on the
+counter and each sums a share of the tile's 32-token chunks, still in program order. Assumes P <= T (every program has
+work) and T < 2**31 (checked by the launcher; P * T may pass it).
 
 Needs Gluon (Triton >= 3.5) and an sm_90 GPU (`available`); the dispatcher falls back to the entry's `FALLBACK`
 plan elsewhere. Triton's CPU interpreter does not run
@@ -296,10 +299,35 @@ if HAVE_GLUON:
                      mask=(offs_m[None, :] < M) & (offs_n[:, None] < N))
 
     @gluon.jit
+    def _reduce_share(part_ptr, y_ptr, first, share, m0, n0, M, N, stride_ym, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr,
+                      BLOCK_M: gl.constexpr, SPREAD: gl.constexpr):
+        """SPREAD's reduction: contributor `share` (0 .. SPREAD - 1) of the tile, once all have arrived, writes y for the
+        32-token chunks c of the tile with c % SPREAD == share, each the sum of the SPREAD partials of programs first ..
+        first + SPREAD - 1 (slot 0) in program order (deterministic), all of a chunk's partials in flight at once."""
+        share_layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])  # a row's 32 tokens per 8 lanes
+        out_layout: gl.constexpr = _y_layout()
+        rows = gl.arange(0, 64, layout=gl.SliceLayout(1, share_layout))
+        cols = gl.arange(0, 32, layout=gl.SliceLayout(0, share_layout))
+        offs_n = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
+        for c in gl.static_range(BLOCK_M // 32):
+            if c % SPREAD == share:
+                local = rows[:, None] * BLOCK_M + (c * 32 + cols)[None, :]
+                partials = ()
+                for j in gl.static_range(SPREAD):
+                    partials = partials + (gl.load(part_ptr + _partial_offset(first + j, 0, CONSUMER, CONSUMERS, BLOCK_M) + local,
+                                                   cache_modifier=".cg"),)
+                reduced = partials[0]
+                for j in gl.static_range(1, SPREAD):
+                    reduced = reduced + partials[j]
+                offs_m = m0 + c * 32 + gl.arange(0, 32, layout=gl.SliceLayout(0, out_layout))
+                gl.store(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None],
+                         gl.convert_layout(reduced.to(y_ptr.dtype.element_ty), out_layout), mask=(offs_m[None, :] < M) & (offs_n[:, None] < N))
+
+    @gluon.jit
     def _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
                  stride_ym, unit, start, end, total, tiles_m, CONSUMER: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                  SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr,
-                 UNPACK_AHEAD: gl.constexpr):
+                 UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr):
         """The program's segment that begins at `unit` (a tile's run of K blocks, up to the tile's or the program's
         end), for rows CONSUMER * 64 .. + 63 of the tile: the accumulator, then y when the segment is the whole tile,
         else its fp32 partial and, for the tile's last arrival, the sum of the tile's partials in program order.
@@ -342,7 +370,18 @@ if HAVE_GLUON:
             counter = lock_ptr + tile * CONSUMERS + CONSUMER
             first = (((tile * num_kb + 1).to(gl.int64) * programs - 1) // total).to(gl.int32)  # owns the tile's first unit
             last = ((((tile + 1) * num_kb).to(gl.int64) * programs - 1) // total).to(gl.int32)  # ... and its last unit
-            if gl.atomic_add(counter, 1, sem="acq_rel") == last - first:
+            if SPREAD:
+                # all SPREAD contributors are resident (the launcher checks), so each waits for the others and sums its
+                # share of the tile: the last arrival would read every partial alone (64-256 KB per SM at M = 128..512)
+                arrived = gl.atomic_add(counter, 1, sem="acq_rel") + 1
+                while arrived < SPREAD:
+                    arrived = gl.atomic_add(counter, 0, sem="acquire")
+                _reduce_share(part_ptr, y_ptr, first, gl.program_id(0) - first, (tile % tiles_m) * BLOCK_M, row_tile * 64, M, N,
+                              stride_ym, CONSUMER, CONSUMERS, BLOCK_M, SPREAD)
+                # a second count, after every contributor has seen the first complete; its last resets the counter
+                if gl.atomic_add(counter, 1, sem="relaxed") == 2 * SPREAD - 1:
+                    gl.atomic_xchg(counter, 0, sem="relaxed")
+            elif gl.atomic_add(counter, 1, sem="acq_rel") == last - first:
                 _reduce_tile(part_ptr, y_ptr, first, last, programs, total, tile * num_kb, (tile % tiles_m) * BLOCK_M,
                              row_tile * 64, M, N, stride_ym, CONSUMER, CONSUMERS, BLOCK_M)
                 gl.atomic_xchg(counter, 0, sem="relaxed")  # relaxed: as gemm._finish_tile
@@ -351,7 +390,8 @@ if HAVE_GLUON:
     @gluon.jit
     def _consumer(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
                   stride_ym, CONSUMER: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SYMMETRIC: gl.constexpr,
-                  GROUPS: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr, UNPACK_AHEAD: gl.constexpr):
+                  GROUPS: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr, UNPACK_AHEAD: gl.constexpr,
+                  SPREAD: gl.constexpr):
         """Rows CONSUMER * 64 .. + 63 of each weight tile in the program's units, one segment at a time."""
         start, end, total, tiles_m = _work_range(M, N, num_kb, BLOCK_M, CONSUMERS)
         if SHARED_TILES:
@@ -359,11 +399,11 @@ if HAVE_GLUON:
             while unit < end:
                 unit = _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
                                 num_groups, stride_ym, unit, start, end, total, tiles_m, CONSUMER, BLOCK_M, STAGES, SYMMETRIC, GROUPS,
-                                CONSUMERS, SHARED_TILES, UNPACK_AHEAD)
+                                CONSUMERS, SHARED_TILES, UNPACK_AHEAD, SPREAD)
         else:  # one whole tile
             _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
                      stride_ym, start, start, end, total, tiles_m, CONSUMER, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS,
-                     SHARED_TILES, UNPACK_AHEAD)
+                     SHARED_TILES, UNPACK_AHEAD, SPREAD)
 
     @gluon.jit
     def _x_loader(x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
@@ -386,7 +426,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _pingpong_kernel(x_desc, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, group_size, stride_ym,
                          BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr,
-                         CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr, UNPACK_AHEAD: gl.constexpr):
+                         CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr, UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr):
         """y[M, N] = x[M, K] @ W[K, N]: see the module docstring for the contract, the work list and the partitions."""
         x_smem = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BLOCK_M, 64], x_desc.layout)
         x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -401,17 +441,17 @@ if HAVE_GLUON:
             gl.warp_specialize([
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
                              num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES,
-                             UNPACK_AHEAD)),
+                             UNPACK_AHEAD, SPREAD)),
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
                              num_groups, stride_ym, 1, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES,
-                             UNPACK_AHEAD)),
+                             UNPACK_AHEAD, SPREAD)),
                 (_x_loader, (x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M, STAGES, CONSUMERS)),
             ], [4, 1], [_CONSUMER_REGS, 24])
         else:  # one consumer per program: two programs per SM (with maxnreg 128) ping-pong instead
             gl.warp_specialize([
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
                              num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES,
-                             UNPACK_AHEAD)),
+                             UNPACK_AHEAD, SPREAD)),
                 (_x_loader, (x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M, STAGES, CONSUMERS)),
             ], [1], [24])
 
@@ -428,17 +468,34 @@ def _x_descriptor(x2: torch.Tensor, block_m: int):
 class _PingpongLaunch:
     """What a pingpong plan needs per call, made once per (plan, format) and kept in `plan.launches` (as gemm.py's
     prepared launches are): the tiling that sets the grid and the scratch, and the kernel prepared with its
-    constexprs for each SHARED_TILES (a repeat call skips Triton's per-call dispatch: launch.PreparedLaunch)."""
+    constexprs for each (SHARED_TILES, SPREAD) a call needs (a repeat call skips Triton's per-call dispatch:
+    launch.PreparedLaunch)."""
 
     block_m: int
     split_k: int  # grid = tiles * SPLIT_K programs (a call with fewer K blocks uses that many) ...
     programs: int  # ... or, when > 0, this many (Stream-K: a persistent grid)
     consumers: int
-    kernels: dict  # SHARED_TILES -> PreparedLaunch
+    constexprs: dict
+    options: dict
+    kernels: dict  # (SHARED_TILES, SPREAD) -> PreparedLaunch, made on first use
+
+    def kernel(self, shared: bool, spread: int) -> PreparedLaunch:
+        prepared = self.kernels.get((shared, spread))
+        if prepared is None:
+            prepared = self.kernels[shared, spread] = PreparedLaunch(
+                _pingpong_kernel, {**self.constexprs, "SHARED_TILES": shared, "SPREAD": spread}, self.options, _TENSOR_ARGS,
+                _INT_ARGS, ("x_desc",))
+        return prepared
 
 
 _TENSOR_ARGS = ("qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr")
 _INT_ARGS = ("M", "N", "K", "group_size", "stride_ym")
+_MOST_SPREAD = 4  # SPREAD's partials in flight per chunk (16 registers each)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _pingpong_launch(plan, in_features: int, group_size: int, symmetric: bool) -> _PingpongLaunch:
@@ -453,15 +510,13 @@ def _pingpong_launch(plan, in_features: int, group_size: int, symmetric: bool) -
         if not isinstance(programs, int) or programs < 0 or (programs and cfg.get("SPLIT_K", 1) != 1):
             raise ValueError(f"config PROGRAMS must be a positive int (a persistent grid) and then SPLIT_K 1, got {cfg!r}")
         block_m = cfg.get("BLOCK_M", 128)
-        if block_m not in (64, 128, 256):  # the shared-tile reduction sums 64 tokens at a time (`_reduce_tile`)
+        if block_m not in (64, 128, 256):  # the shared-tile reductions sum 64 / 32 tokens at a time
             raise ValueError(f"config BLOCK_M must be 64, 128 or 256 for path 'pingpong', got {block_m!r}")
         unpack_ahead = cfg.get("UNPACK_AHEAD", False)
         constexprs = dict(BLOCK_M=block_m, STAGES=cfg.get("num_stages", 4), SYMMETRIC=symmetric,
                           GROUPS=groups_per_block(group_size, in_features), CONSUMERS=consumers, UNPACK_AHEAD=unpack_ahead)
-        options = _compile_options(cfg.get("maxnreg"))
-        kernels = {shared: PreparedLaunch(_pingpong_kernel, {**constexprs, "SHARED_TILES": shared}, options, _TENSOR_ARGS,
-                                          _INT_ARGS, ("x_desc",)) for shared in (False, True)}
-        prepared = plan.launches[key] = _PingpongLaunch(block_m, cfg.get("SPLIT_K", 1), programs, consumers, kernels)
+        prepared = plan.launches[key] = _PingpongLaunch(block_m, cfg.get("SPLIT_K", 1), programs, consumers, constexprs,
+                                                        _compile_options(cfg.get("maxnreg")), {})
     return prepared
 
 
@@ -504,13 +559,18 @@ def _launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: i
     # (with programs == tiles every program stores its own whole tile: no partials, no counters, but the kernel still
     # takes an fp32 and an int32 pointer)
     shared = programs != tiles
+    # an aligned split (each program one tile's K blocks / S) whose programs all fit on the GPU at once (one per SM):
+    # the reduction spread over the S contributors of each tile (`_reduce_share`), else the last arrival's
+    split = programs // tiles
+    spread = split if (shared and not run.programs and 2 <= split <= _MOST_SPREAD and k_blocks % split == 0
+                       and programs <= _sm_count(x2.device)) else 0
     partials = programs * 2 * 64 * run.consumers * run.block_m if shared else 0  # part [P, 2, CONSUMERS, 64, BLOCK_M]
     if partials >= 2**31:
         raise ValueError(f"pingpong partial workspace too large for int32 offsets: {programs} programs of BLOCK_M={run.block_m}")
     stream = current_stream(x2.device)
     part, lock = split_k_scratch(x2.device, stream, tiles * run.consumers if shared else 0, partials)
     tensors = (qweight, scales, scales if zeros is None else zeros, y, part, lock)
-    ints, descriptors, kernel = (m, n, k, group_size, y.stride(0)), (_x_descriptor(x2, run.block_m),), run.kernels[shared]
+    ints, descriptors, kernel = (m, n, k, group_size, y.stride(0)), (_x_descriptor(x2, run.block_m),), run.kernel(shared, spread)
     kernel((programs,), tensors, ints, stream, descriptors)
     bound = kernel.bind((programs,), tensors, ints, stream, _REPEAT_SLOTS, descriptors) if keep else None
     if bound is None:
@@ -523,7 +583,8 @@ def _launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: i
 
 def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, stages: int = 4, symmetric: bool = False,
                      zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None, groups: int = 1,
-                     consumers: int = 2, maxnreg: int | None = None, shared_tiles: bool = True, unpack_ahead: bool = False):
+                     consumers: int = 2, maxnreg: int | None = None, shared_tiles: bool = True, unpack_ahead: bool = False,
+                     spread: int = 0):
     """Compile `_pingpong_kernel` for sm_90 without a GPU (CI runs this: Gluon API changes between Triton releases
     surface here). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
     from triton._C.libtriton import native_specialize_impl
@@ -538,7 +599,7 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, sta
                  "y_ptr": f"*{type_names[dtype]}", "part_ptr": "*fp32", "lock_ptr": "*i32",
                  "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_ym": "i32"}
     constexprs = {"BLOCK_M": block_m, "STAGES": stages, "SYMMETRIC": symmetric, "GROUPS": groups,
-                  "CONSUMERS": consumers, "SHARED_TILES": shared_tiles, "UNPACK_AHEAD": unpack_ahead}
+                  "CONSUMERS": consumers, "SHARED_TILES": shared_tiles, "UNPACK_AHEAD": unpack_ahead, "SPREAD": spread}
     names = list(signature) + list(constexprs)
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in ("qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr", "N", "K")}
