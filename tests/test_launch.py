@@ -173,12 +173,12 @@ def test_repeat_pingpong_calls_match_reference(w4a16):
     stream = w4a16.launch.current_stream(torch.device("cuda"))
     for m in (128, 256, 200):
         assert w4a16.plan_for(weight, m, torch.float16).path == "pingpong", m
-        for round in range(3):  # the first call keeps its launch, the others repeat it
+        for call in range(3):  # the first call keeps its launch, the others repeat it
             x = torch.randn(m, 4096, device="cuda", dtype=torch.float16)
             y = w4a16.w4a16_linear(x, weight)
-            assert _relative_error(y, x.double() @ ref) < TOL[torch.float16], (m, round)
+            assert _relative_error(y, x.double() @ ref) < TOL[torch.float16], (m, call)
             full = w4a16.matmul.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, None, 4096, 128)
-            assert torch.equal(y, full), (m, round)
+            assert torch.equal(y, full), (m, call)
         if w4a16.launch._fast_launch:
             kept = weight.repeat_launches[(m, torch.float16, stream, False)]
             assert isinstance(kept, w4a16.launch.RepeatLaunch) and kept.x_descriptor is not None
