@@ -45,6 +45,19 @@ def test_pingpong_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symm
     assert compiled.metadata.enable_fp_fusion  # launch.COMPILE_OPTIONS reached the compiler (not Triton's default)
 
 
+def test_spread_reduction_only_where_its_contributors_can_wait(w4a16):
+    """The spread reduction makes a tile's contributors wait for one another: only for an aligned split (each program
+    one tile's K blocks / S), S <= 4, and programs that are all resident at once (one per SM)."""
+    spread_split = w4a16.gemm_pingpong.spread_split
+    assert spread_split(128, 32, 32, False, 132) == 4  # 8B.o M = 128: 32 tiles x split 4 on 132 SMs
+    assert spread_split(128, 64, 64, False, 132) == 2
+    assert spread_split(128, 32, 32, False, 114) == 0  # 128 programs on 114 SMs (H100 PCIe): not all resident
+    assert spread_split(192, 64, 32, False, 132) == 0  # split 3 of 32 K blocks: programs straddle tiles
+    assert spread_split(96, 32, 24, False, 132) == 3
+    assert spread_split(256, 32, 64, False, 264) == 0  # split 8: more partials in flight than it holds
+    assert spread_split(132, 32, 32, True, 132) == 0  # a persistent Stream-K grid: segments end at different times
+
+
 def test_runnable_row_falls_back_where_pingpong_cannot_run(w4a16):
     fallback = {"path": "tiled", "BLOCK_N": 128, "BLOCK_M": 64, "num_warps": 4}
     row = {"N": 4096, "K": 4096, "M": 256, "path": "pingpong", "BLOCK_M": 128, "FALLBACK": fallback}

@@ -68,7 +68,7 @@ try:  # Gluon is experimental: absent before Triton 3.5, and its names move betw
 except ImportError:  # pragma: no cover - exercised only with an old Triton
     HAVE_GLUON = False
 
-__all__ = ["HAVE_GLUON", "available", "launch_pingpong", "launch_pingpong_kept", "compile_for_sm90"]
+__all__ = ["HAVE_GLUON", "available", "launch_pingpong", "launch_pingpong_kept", "spread_split", "compile_for_sm90"]
 
 _CONSUMER_REGS = triton.language.constexpr(232)  # registers per consumer thread (setmaxnreg); the loader warp keeps 24
 # the magic-number unpack's constants (dequant.py) as values a Gluon kernel can read: fp16 / bf16
@@ -498,6 +498,17 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def spread_split(programs: int, tiles: int, k_blocks: int, persistent: bool, sm_count: int) -> int:
+    """SPREAD for a launch of `programs` programs on `tiles` shared tiles of `k_blocks` K blocks: the split count S
+    where each tile's reduction can be spread over its S contributors, else 0 (the last arrival's reduction). It needs
+    an aligned split (not a persistent Stream-K grid; S divides the K blocks, so each program holds exactly one tile's
+    K blocks / S), S <= _MOST_SPREAD (a chunk's S partials in flight at once) and every program resident at once while
+    the others wait (P <= the SM count: one program per SM, which every plan fits)."""
+    split = programs // tiles
+    aligned = not persistent and programs == tiles * split and k_blocks % split == 0
+    return split if aligned and 2 <= split <= _MOST_SPREAD and programs <= sm_count else 0
+
+
 def _pingpong_launch(plan, in_features: int, group_size: int, symmetric: bool) -> _PingpongLaunch:
     key = ("pingpong", in_features, group_size, symmetric)
     prepared = plan.launches.get(key)
@@ -559,11 +570,7 @@ def _launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: i
     # (with programs == tiles every program stores its own whole tile: no partials, no counters, but the kernel still
     # takes an fp32 and an int32 pointer)
     shared = programs != tiles
-    # an aligned split (each program one tile's K blocks / S) whose programs all fit on the GPU at once (one per SM):
-    # the reduction spread over the S contributors of each tile (`_reduce_share`), else the last arrival's
-    split = programs // tiles
-    spread = split if (shared and not run.programs and 2 <= split <= _MOST_SPREAD and k_blocks % split == 0
-                       and programs <= _sm_count(x2.device)) else 0
+    spread = spread_split(programs, tiles, k_blocks, bool(run.programs), _sm_count(x2.device)) if shared else 0
     partials = programs * 2 * 64 * run.consumers * run.block_m if shared else 0  # part [P, 2, CONSUMERS, 64, BLOCK_M]
     if partials >= 2**31:
         raise ValueError(f"pingpong partial workspace too large for int32 offsets: {programs} programs of BLOCK_M={run.block_m}")
