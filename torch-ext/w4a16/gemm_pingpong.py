@@ -273,6 +273,15 @@ if HAVE_GLUON:
         return warpgroup_mma(a_hi, x_smem.index(2 * stage + 1).permute((1, 0)), acc, is_async=True)
 
     @gluon.jit
+    def _store_y_chunk(y_ptr, values, offs_n, m_first, M, N, stride_ym, TOKENS: gl.constexpr):
+        """y[m_first .. m_first + TOKENS - 1, offs_n] = values [64 weight rows, TOKENS tokens] (fp32, rounded to y's dtype);
+        offs_n: the 64 rows in the row slice of `_y_layout`. The shared-tile reductions' store of one chunk."""
+        out_layout: gl.constexpr = _y_layout()
+        offs_m = m_first + gl.arange(0, TOKENS, layout=gl.SliceLayout(0, out_layout))
+        gl.store(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], gl.convert_layout(values.to(y_ptr.dtype.element_ty), out_layout),
+                 mask=(offs_m[None, :] < M) & (offs_n[:, None] < N))
+
+    @gluon.jit
     def _reduce_tile(part_ptr, y_ptr, first, last, programs, total, tile_unit, m0, n0, M, N, stride_ym, CONSUMER: gl.constexpr,
                      CONSUMERS: gl.constexpr, BLOCK_M: gl.constexpr):
         """y[m0.., n0..] (BLOCK_M tokens x 64 weight rows) = the sum of the partials of programs first..last in program
@@ -294,9 +303,7 @@ if HAVE_GLUON:
                                       mask=gl.full(local.shape, q + 1, gl.int32, sum_layout) <= last, other=0.0,
                                       cache_modifier=".cg")
                 reduced += first_part + second_part
-            offs_m = m0 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(0, out_layout))
-            gl.store(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], gl.convert_layout(reduced.to(y_ptr.dtype.element_ty), out_layout),
-                     mask=(offs_m[None, :] < M) & (offs_n[:, None] < N))
+            _store_y_chunk(y_ptr, reduced, offs_n, m0 + c * 64, M, N, stride_ym, 64)
 
     @gluon.jit
     def _reduce_share(part_ptr, y_ptr, first, share, m0, n0, M, N, stride_ym, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr,
@@ -319,9 +326,7 @@ if HAVE_GLUON:
                 reduced = partials[0]
                 for j in gl.static_range(1, SPREAD):
                     reduced = reduced + partials[j]
-                offs_m = m0 + c * 32 + gl.arange(0, 32, layout=gl.SliceLayout(0, out_layout))
-                gl.store(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None],
-                         gl.convert_layout(reduced.to(y_ptr.dtype.element_ty), out_layout), mask=(offs_m[None, :] < M) & (offs_n[:, None] < N))
+                _store_y_chunk(y_ptr, reduced, offs_n, m0 + c * 32, M, N, stride_ym, 32)
 
     @gluon.jit
     def _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,

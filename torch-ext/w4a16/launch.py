@@ -121,7 +121,7 @@ class PreparedLaunch:
             self._launch_through_triton(grid, tensors, ints, descriptors)
             return
         addresses = [t.data_ptr() for t in tensors]
-        spec = (self._spec(tensors, addresses, ints), *[(d.base.dtype, tuple(d.block_shape)) for d in descriptors])
+        spec = self._spec(tensors, addresses, ints, descriptors)
         compiled = self._compiled.get(spec)
         if compiled is None:
             self._compiled[spec] = self._launch_through_triton(grid, tensors, ints, descriptors)
@@ -142,7 +142,7 @@ class PreparedLaunch:
         if not _takes_fast_path(tensors[0]):
             return None
         addresses = [t.data_ptr() for t in tensors]
-        spec = (self._spec(tensors, addresses, ints), *[(d.base.dtype, tuple(d.block_shape)) for d in descriptors])
+        spec = self._spec(tensors, addresses, ints, descriptors)
         compiled = self._compiled.get(spec)
         if compiled is None or any(a % 16 for a in addresses):
             return None
@@ -151,11 +151,12 @@ class PreparedLaunch:
                            tuple(self._tensor_slots[i] for i in call_slots) + tuple(self._descriptor_slots), kept)
 
     @staticmethod
-    def _spec(tensors: tuple, addresses: list, ints: tuple) -> tuple:
+    def _spec(tensors: tuple, addresses: list, ints: tuple, descriptors: tuple) -> tuple:
         # what Triton specialises a kernel on: device; tensor dtypes and 16-byte alignment; each
-        # int's width, == 1 and divisibility by 16
+        # int's width, == 1 and divisibility by 16; each descriptor's dtype and block shape
         return (tensors[0].get_device(), *[t.dtype for t in tensors], *[a % 16 == 0 for a in addresses],
-                *[(-(2**31) <= v < 2**31, v == 1, v % 16 == 0) for v in ints])
+                *[(-(2**31) <= v < 2**31, v == 1, v % 16 == 0) for v in ints],
+                *[(d.base.dtype, tuple(d.block_shape)) for d in descriptors])
 
     def _arguments(self, addresses: list, ints: tuple) -> list:
         """The launcher's argument list: every kernel parameter in order (constexprs included)."""
@@ -225,21 +226,20 @@ class RepeatLaunch:
     compiled kernel assumes. x reaches the kernel as its address, or with `x_descriptor` (a function of x2) as
     the TMA descriptor it makes per call. The split-K scratch of the kept call stays bound (and alive): calls on
     one stream run in order, as they would sharing the stream's scratch. Once the stream's cached workspace
-    (entry `scratch`, index `which`: `workspace_entry`) has been replaced by a larger one the kept launch is
-    `stale` and its owner drops it, so that it does not keep the old workspace alive.
+    (`scratch`: its [counter slot, workspace] entry, `workspace_entry`) has been replaced by a larger one the kept
+    launch is `stale` and its owner drops it, so that it does not keep the old workspace alive.
     """
 
-    __slots__ = ("launch", "shape", "dtype", "device", "scratch", "which", "workspace", "x_descriptor")
+    __slots__ = ("launch", "shape", "dtype", "device", "scratch", "workspace", "x_descriptor")
 
     def __init__(self, launch: BoundLaunch, shape: tuple, dtype: torch.dtype, device: torch.device, scratch: list | None,
-                 workspace: torch.Tensor, x_descriptor=None, which: int = 1):
+                 workspace: torch.Tensor, x_descriptor=None):
         self.launch, self.shape, self.dtype, self.device = launch, shape, dtype, device
-        # the stream's scratch entry, which of its tensors is the bound workspace, the bound workspace
-        self.scratch, self.which, self.workspace = scratch, which, workspace
+        self.scratch, self.workspace = scratch, workspace  # the stream's scratch entry, the bound workspace
         self.x_descriptor = x_descriptor
 
     def stale(self) -> bool:
-        return self.scratch is not None and self.scratch[self.which] is not self.workspace
+        return self.scratch is not None and self.scratch[1] is not self.workspace
 
     def __call__(self, x2, qweight, scales, zeros) -> torch.Tensor | None:
         y = torch.empty(self.shape, device=self.device, dtype=self.dtype)
