@@ -49,8 +49,9 @@ def register_cap(regs_per_sm: int, ctas: int, num_warps: int) -> int:
     return regs_per_sm // (ctas * num_warps * 32) // 8 * 8
 
 
-def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536):
-    """(path, config) pairs worth timing for this shape; split-K only where it can fill the SMs."""
+def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536, decode_plans: list | None = None):
+    """(path, config) pairs worth timing for this shape; split-K only where it can fill the SMs. `decode_plans`
+    (configs of the decode path) replaces the decode candidates."""
 
     def splits(tiles, most=16):
         return split_counts(tiles, k, sm_count, most)
@@ -93,6 +94,14 @@ def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536):
                     c = cfg(bn, bm, w, st, 1, operand, maxnreg)
                     del c["SPLIT_K"]
                     yield "streamk", _with_option({**c, "PROGRAMS": per_sm * sm_count}, "ONE_TOKEN", one_token, default=False)
+    if m <= 16:
+        # decode (Gluon, gemm_decode.py): one program per ROWS weight rows and all of K, its warps sharing the K blocks.
+        # Register caps decide how many warps an SM holds (NOTES v27).
+        if decode_plans is not None:
+            yield from (("decode", dict(config)) for config in decode_plans)
+        else:
+            for w, rows, ahead, cap in itertools.product((4, 8), (16, 32), (1, 2), (None, 128, 96)):
+                yield "decode", {"num_warps": w, "ROWS": rows, "AHEAD": ahead, **({"maxnreg": cap} if cap else {})}
     if m >= 64:
         for bn, bm, w, st, operand in ((128, 64, 4, 3, False), (128, 128, 8, 3, False), (256, 64, 8, 3, False),
                                        (256, 128, 8, 3, False), (128, 64, 4, 4, True), (128, 128, 8, 3, True),
@@ -267,14 +276,14 @@ def table_plan(kernel, indexed: tuple, m: int, n: int, k: int, group_size: int, 
 
 
 def fallback_plan(kernel, best_other, n: int, k: int, m: int, fmt_key: tuple) -> dict:
-    """A pingpong entry's FALLBACK: the best other plan timed now, else the one the table's entry (for format
-    `fmt_key`, `dispatch.format_key`) carries."""
+    """A Gluon (decode, pingpong) entry's FALLBACK: the best other plan timed now, else the one the table's entry
+    (for format `fmt_key`, `dispatch.format_key`) carries."""
     if best_other is not None:
         return {"path": best_other[1], **best_other[2], "us": round(best_other[0], 2)}
     tuned = kernel.dispatch.load_tuned_table(torch.cuda.get_device_name(0))
     row = kernel.dispatch.tuned_row(tuned[1], tuned[2], m, n, k, fmt_key) if tuned else None
     if not row or "FALLBACK" not in row:
-        raise ValueError(f"no plan other than pingpong for N={n} K={k} M={m}: time one (e.g. --paths pingpong,tiled)")
+        raise ValueError(f"no plan other than a Gluon one for N={n} K={k} M={m}: time one (e.g. --paths pingpong,tiled)")
     return row["FALLBACK"]
 
 
@@ -316,6 +325,9 @@ def main() -> None:
     narrowed.add_argument("--incumbents-only", action="store_true",
                     help="time only the current plan, the neighbouring M buckets' plans and (a format other than the base) "
                          "the base format's plan for the same shape and M: a cheap check of stale entries")
+    ap.add_argument("--decode-plans", default="",
+                    help="time these decode plans instead of the default set: ';'-separated KEY=INT,... configs, e.g. "
+                         "'num_warps=4,ROWS=16,AHEAD=1;num_warps=8,ROWS=32,AHEAD=1,maxnreg=128'")
     ap.add_argument("--confirm", type=int, default=2,
                     help="where a candidate beat the entry's current plan: time both this many more times, alternately, "
                          "and change the entry only if the candidate's median time still wins by --margin (0: no re-check)")
@@ -342,6 +354,7 @@ def main() -> None:
     ms = [int(v) for v in args.m.split(",")]
     compared = kernel.dispatch.index_tuned_entries(json.loads(Path(args.compare_table).read_text())) if args.compare_table else None
     try_sets = [timing.config_overrides(spec, kernel) for spec in args.tries.split(";")] if args.tries else []
+    decode_plans = [timing.config_overrides(spec, kernel) for spec in args.decode_plans.split(";")] if args.decode_plans else None
     entries, log = [], []
     kept = json.loads(Path(args.out).read_text())["entries"] if (args.merge and Path(args.out).exists()) else []
     for shape in timing.select_shapes(args.shapes, shapes):
@@ -360,7 +373,7 @@ def main() -> None:
             if args.variant != "base":  # a format can always run the base format's plan (v17: stale symmetric entries)
                 neighbours.append(kernel.dispatch.plan_gemm(m, n, k, table_group_size, torch.float16, w0.qweight.device))
             searched = () if args.incumbents_only else (
-                pair for pair in candidates(m, n, k, sm_count, regs_per_sm) if not paths or pair[0] in paths)
+                pair for pair in candidates(m, n, k, sm_count, regs_per_sm, decode_plans) if not paths or pair[0] in paths)
             if try_sets:  # the current plan with each set of entries replaced
                 pairs = with_incumbent(current, [(current.path, {**current.config, **entries}) for entries in try_sets])
             elif args.around_plan:
@@ -383,7 +396,7 @@ def main() -> None:
                     incumbent = timed
                 if best is None or us < best[0]:
                     best = timed
-                if path != "pingpong" and (best_other is None or us < best_other[0]):
+                if path not in kernel.dispatch.GLUON_PATHS and (best_other is None or us < best_other[0]):
                     best_other = timed
             if best is None:
                 continue
@@ -394,7 +407,7 @@ def main() -> None:
                 log.extend({"shape": shape["name"], "M": m, **fmt, "path": p, "config": c, "us": t, "confirm": True}
                            for (p, c), t in extra)
             us, path, config = best
-            if path == "pingpong":  # where the Gluon kernel cannot run, the best other plan (dispatch.runnable_row)
+            if path in kernel.dispatch.GLUON_PATHS:  # where the Gluon kernel cannot run, the best other plan (runnable_row)
                 fmt_key = kernel.dispatch.format_key(dtype, g, symmetric, act_order)
                 config = {**config, "FALLBACK": fallback_plan(kernel, best_other, n, k, m, fmt_key)}
             # tuned_at: the tree the entry was measured on, so an entry older than a kernel change shows

@@ -62,11 +62,11 @@ def test_runnable_row_falls_back_where_pingpong_cannot_run(w4a16):
     fallback = {"path": "tiled", "BLOCK_N": 128, "BLOCK_M": 64, "num_warps": 4}
     row = {"N": 4096, "K": 4096, "M": 256, "path": "pingpong", "BLOCK_M": 128, "FALLBACK": fallback}
     runnable_row = w4a16.dispatch.runnable_row
-    assert runnable_row(row, True) is row
-    assert runnable_row(row, False) == fallback
+    assert runnable_row(row, {"pingpong": True, "decode": False}) is row
+    assert runnable_row(row, {"pingpong": False, "decode": True}) == fallback
     tiled = {"N": 4096, "K": 4096, "M": 64, "path": "tiled", "BLOCK_N": 128}
-    assert runnable_row(tiled, False) is tiled
-    assert runnable_row({**row, "FALLBACK": None}, False) is None
+    assert runnable_row(tiled, {"pingpong": False, "decode": False}) is tiled
+    assert runnable_row({**row, "FALLBACK": None}, {"pingpong": False, "decode": False}) is None
 
 
 def test_dispatcher_plans_the_fallback_of_a_pingpong_entry(w4a16, monkeypatch):

@@ -13,6 +13,9 @@ Paths:
     streamk    tensor-core kernel on a persistent grid of PROGRAMS programs sharing the (tile, K block)
                work evenly (Stream-K), decode M
     tiled      tensor-core kernel without split-K, mid-size M
+    decode     NVIDIA mma.sync kernel (Gluon, gemm_decode.py), M <= 16: one program per ROWS weight rows and all
+               of K, the K blocks split over its num_warps warps (no split-K workspace); ROWS, AHEAD (register
+               ring depth), maxnreg. Its entries carry FALLBACK, as pingpong's do (no Gluon, AMD)
     pingpong   Hopper warp-specialised kernel (Gluon, gemm_pingpong.py), mid and large M: consumer
                warpgroups (CONSUMERS, 2 or 1) unpack and multiply while a loader warp streams x by TMA;
                BLOCK_M, num_stages, SPLIT_K or PROGRAMS (a persistent Stream-K grid, as streamk's). Its
@@ -33,15 +36,17 @@ from pathlib import Path
 
 import torch
 
+from .gemm_decode import available as decode_available
 from .gemm_pingpong import available as pingpong_available
 
-__all__ = ["PATHS", "TENSOR_CORE_PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "index_tuned_entries",
+__all__ = ["PATHS", "TENSOR_CORE_PATHS", "GLUON_PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "index_tuned_entries",
            "format_key", "tuned_row", "CONFIG_KEYS", "CONFIG_OPTIONS", "row_config", "programmatic_launch"]
 
 logger = logging.getLogger(__name__)
 
-PATHS = ("gemv", "splitk", "streamk", "tiled", "pingpong", "dense", "reference")
+PATHS = ("gemv", "splitk", "streamk", "tiled", "decode", "pingpong", "dense", "reference")
 TENSOR_CORE_PATHS = ("splitk", "streamk", "tiled")  # the paths of the tensor-core kernels (their options apply)
+GLUON_PATHS = ("decode", "pingpong")  # kernels written in Gluon: their tuned entries carry a FALLBACK plan
 _M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 _TUNED_DIR = Path(__file__).resolve().parent
 
@@ -186,7 +191,7 @@ def _heuristic(m: int, n: int, k: int, sm_count: int) -> Plan:
 
 
 CONFIG_KEYS = ("BLOCK_N", "BLOCK_M", "SPLIT_K", "PROGRAMS", "num_warps", "num_stages", "maxnreg", "SCALE_IN_OPERAND", "ONE_TOKEN",
-               "DOT_PARTS", "GATHER_PDL", "CONSUMERS", "STREAM_PARAMS", "UNPACK_AHEAD")
+               "DOT_PARTS", "GATHER_PDL", "CONSUMERS", "STREAM_PARAMS", "UNPACK_AHEAD", "ROWS", "AHEAD")
 
 
 # the on / off options among them: bools (a forced config is checked in `_forced`, the one place caller-given
@@ -199,10 +204,10 @@ def row_config(row: dict) -> dict:
     return {key: row[key] for key in CONFIG_KEYS if key in row}
 
 
-def runnable_row(row: dict, pingpong_ok: bool) -> dict | None:
-    """The tuned row to run: `row`, or for a pingpong row where that kernel cannot run (`pingpong_ok` False: no
-    Gluon, or not sm_90) the plan it carries as FALLBACK (None if it has none)."""
-    if row["path"] == "pingpong" and not pingpong_ok:
+def runnable_row(row: dict, gluon_ok: dict) -> dict | None:
+    """The tuned row to run: `row`, or for a row of a Gluon path that cannot run here (`gluon_ok[path]` False: no
+    Gluon, another GPU) the plan it carries as FALLBACK (None if it has none)."""
+    if row["path"] in GLUON_PATHS and not gluon_ok[row["path"]]:
         return row.get("FALLBACK")
     return row
 
@@ -236,6 +241,8 @@ def _forced_default(path: str, m: int) -> Plan:
         return Plan(path, {"BLOCK_N": 32, "BLOCK_M": 32 if m > 16 else 16, "SPLIT_K": 1, "num_warps": 4, "num_stages": 2}, "forced")
     if path == "pingpong":
         return Plan(path, {"BLOCK_M": 64, "SPLIT_K": 1, "num_stages": 3}, "forced")
+    if path == "decode":
+        return Plan(path, {"num_warps": 4, "ROWS": 16, "AHEAD": 1}, "forced")
     return Plan(path, {}, "forced")
 
 
@@ -247,12 +254,13 @@ def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, d
     if tuned is not None:
         file, table, by_format, table_sm_count = tuned
         row = tuned_row(table, by_format, mb, n, k, format_key(dtype, group_size, symmetric, act_order))
-        runnable = None if row is None else runnable_row(row, pingpong_available(device))
+        gluon_ok = {"decode": decode_available(device), "pingpong": pingpong_available(device)}
+        runnable = None if row is None else runnable_row(row, gluon_ok)
         if runnable is not None:
             cfg = row_config(runnable)
             if "PROGRAMS" in cfg:
                 cfg["PROGRAMS"] = programs_for_device(cfg["PROGRAMS"], table_sm_count, sm_count)
-            source = f"tuned:{file}" + ("" if runnable is row else " (FALLBACK of a pingpong entry)")
+            source = f"tuned:{file}" + ("" if runnable is row else f" (FALLBACK of a {row['path']} entry)")
             plan = _applicable(Plan(runnable["path"], cfg, source), act_order, device)
         else:
             plan = _heuristic(mb, n, k, sm_count)

@@ -2,7 +2,8 @@
 
     x [..., K] fp16/bf16 -> checks (here; a W4A16Weight's tensors were checked when it was made)
       -> dispatch.plan_gemm (path and launch configuration from the tuned table)
-      -> gemm.launch_gemm (Triton kernels) | gemm_pingpong.launch_pingpong (Gluon, sm_90)
+      -> gemm.launch_gemm (Triton kernels) | gemm_decode.launch_decode (Gluon, NVIDIA, M <= 16)
+         | gemm_pingpong.launch_pingpong (Gluon, sm_90)
          | cuBLAS on gemm.dequantize_native's copy | plain torch (CPU)
       -> y [..., N] in x's dtype
 """
@@ -14,6 +15,7 @@ import torch
 from .dispatch import plan_gemm
 from .gather import gather_columns
 from .gemm import dequantize_native, launch_gemm, launch_gemm_kept
+from .gemm_decode import launch_decode, launch_decode_kept
 from .gemm_pingpong import launch_pingpong, launch_pingpong_kept
 from .launch import current_stream
 from .layout import W4A16Weight, unpack_int4_tiled_striped, validate_weight_tensors
@@ -53,7 +55,7 @@ def w4a16_matmul(
     """y[..., N] = x[..., K] @ W for a kernel-native weight: validate, plan by shape, launch.
 
     `path="auto"` takes the dispatcher's plan (plain torch on CPU tensors); a named path
-    ("gemv", "splitk", "streamk", "tiled", "pingpong", "dense", "reference") forces that kernel, which is how tests run the
+    ("gemv", "splitk", "streamk", "tiled", "decode", "pingpong", "dense", "reference") forces that kernel, which is how tests run the
     Triton kernels on CPU tensors under TRITON_INTERPRET=1. `out` ([M, N] contiguous, x's dtype)
     receives the result when given (tests poison it to catch unwritten elements). `config`
     overrides a forced path's launch configuration (see dispatch.CONFIG_KEYS).
@@ -62,6 +64,9 @@ def w4a16_matmul(
     return _matmul_checked(x, qweight, scales, zeros, perm, in_features, group_size, path, strict, out, config)
 
 
+# the launcher of each path (the Triton kernels' for the others), and its form that keeps the launch for repeating
+_LAUNCHERS = {"decode": launch_decode, "pingpong": launch_pingpong}
+_KEPT_LAUNCHERS = {"decode": launch_decode_kept, "pingpong": launch_pingpong_kept}
 _KEPT_LAUNCHES_PER_WEIGHT = 16  # (M, dtype, stream, strict) keys per weight: decode batch sizes, a few streams
 
 
@@ -124,13 +129,11 @@ def _matmul_checked(x, qweight, scales, zeros, perm, in_features: int, group_siz
         w = dequantize_native(qweight, scales, zeros, in_features, group_size, x2.dtype)
         y = torch.nn.functional.linear(x2, w)
     elif keep_into is not None and out is None:
-        launch_kept = launch_pingpong_kept if plan.path == "pingpong" else launch_gemm_kept
-        y, repeat = launch_kept(x2, qweight, scales, zeros, in_features, group_size, plan)
+        y, repeat = _KEPT_LAUNCHERS.get(plan.path, launch_gemm_kept)(x2, qweight, scales, zeros, in_features, group_size, plan)
         if repeat is not None:
             keep_into[0][keep_into[1]] = repeat
     else:
-        launch = launch_pingpong if plan.path == "pingpong" else launch_gemm
-        y = launch(x2, qweight, scales, zeros, in_features, group_size, plan, out)
+        y = _LAUNCHERS.get(plan.path, launch_gemm)(x2, qweight, scales, zeros, in_features, group_size, plan, out)
     if out is not None and y is not out:
         out.copy_(y)
         y = out

@@ -1,0 +1,145 @@
+"""The decode path (gemm_decode.py, Gluon, mma.sync; M <= 16).
+
+Triton's CPU interpreter does not run Gluon, so on the CPU (CI) the kernel is compiled for sm_90 in its format
+variants (the Gluon API moves between Triton releases: this is where that shows) and its refusals are checked. On an
+NVIDIA GPU (sm_80+) it runs against the float64 reference of test_gemm.py.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_gemm import TOL, assert_path_matches_reference, random_layer
+
+TABLE = Path(__file__).resolve().parent.parent / "torch-ext" / "w4a16" / "tuned_nvidia_h200.json"
+
+
+def _on_nvidia() -> bool:
+    return torch.cuda.is_available() and torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 8
+
+
+@pytest.mark.parametrize("dtype,symmetric,zeros_dtype,group_size", [
+    (torch.float16, False, torch.uint8, 128),      # one group per 128-row block (and any multiple, per-channel)
+    (torch.bfloat16, True, torch.uint8, 64),       # two groups per block, symmetric
+    (torch.float16, False, torch.float16, 32),     # four groups per block, float (fractional) zeros
+    (torch.bfloat16, False, torch.bfloat16, 16),   # eight groups per block
+    (torch.float16, False, torch.uint8, 4096),     # a group spanning blocks (per-channel)
+])
+@pytest.mark.parametrize("block_m,rows,ahead,warps", [(8, 16, 1, 4), (16, 32, 2, 8)])
+def test_decode_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmetric, zeros_dtype, group_size, block_m, rows,
+                                  ahead, warps):
+    decode = w4a16.gemm_decode
+    if not decode.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    compiled = decode.compile_for_sm90(dtype, block_m, warps, rows, ahead, symmetric, zeros_dtype, group_size=group_size,
+                                       maxnreg=128)
+    ptx = compiled.asm["ptx"]
+    kind = "f16" if dtype == torch.float16 else "bf16"
+    assert f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32" in ptx  # tensor cores, fp32 accumulation
+    assert "atom." not in ptx  # no split-K counters: a program owns its output rows
+    assert "ld.shared" in ptx and ptx.count("bar.sync") <= 4  # shared memory only for the warps' final sum
+    assert compiled.metadata.enable_fp_fusion  # launch.COMPILE_OPTIONS reached the compiler
+
+
+def test_decode_refuses_what_it_cannot_run(w4a16, device):
+    """Forced where it cannot run, or with a configuration or a call it does not take: a clear error naming the
+    argument, not a crash inside Triton."""
+    weight, _ = random_layer(w4a16, 256, 40, 64, False, torch.float16, device, seed=3)
+
+    def call(m=4, config=None, k=256, w=weight):
+        x = torch.randn(m, k, dtype=torch.float16, device=device)
+        return w4a16.matmul.w4a16_matmul(x, w.qweight, w.scales, w.zeros, None, k, w.group_size, path="decode", config=config)
+
+    with pytest.raises(ValueError, match="ROWS must be one of"):
+        call(config={"ROWS": 24})
+    with pytest.raises(ValueError, match="AHEAD must be 1, 2 or 3"):
+        call(config={"AHEAD": 0})
+    with pytest.raises(ValueError, match="num_warps must be a power of two"):
+        call(config={"num_warps": 3})
+    with pytest.raises(ValueError, match="M <= 16"):
+        call(m=17)
+    odd, _ = random_layer(w4a16, 320, 40, 64, False, torch.float16, device, seed=4)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        call(k=320, w=odd)
+    if not _on_nvidia():
+        with pytest.raises(RuntimeError, match="compute capability"):
+            call()
+
+
+def test_runnable_row_falls_back_where_decode_cannot_run(w4a16):
+    fallback = {"path": "splitk", "BLOCK_N": 128, "BLOCK_M": 16, "SPLIT_K": 8, "num_warps": 4}
+    row = {"N": 4096, "K": 4096, "M": 1, "path": "decode", "num_warps": 4, "ROWS": 16, "FALLBACK": fallback}
+    runnable_row = w4a16.dispatch.runnable_row
+    assert runnable_row(row, {"decode": True, "pingpong": False}) is row
+    assert runnable_row(row, {"decode": False, "pingpong": True}) == fallback
+
+
+def test_shipped_gluon_entries_carry_a_runnable_fallback(w4a16):
+    """Every decode / pingpong entry of the shipped table names a plan of another kernel for where Gluon cannot run,
+    and only keys the launchers know."""
+    dispatch = w4a16.dispatch
+    entries = [e for e in json.loads(TABLE.read_text())["entries"] if e["path"] in dispatch.GLUON_PATHS]
+    assert any(e["path"] == "decode" for e in entries) and any(e["path"] == "pingpong" for e in entries)
+    for e in entries:
+        fallback = e.get("FALLBACK")
+        assert fallback and fallback["path"] in dispatch.PATHS and fallback["path"] not in dispatch.GLUON_PATHS, e
+        assert set(fallback) - {"path", "us"} <= set(dispatch.CONFIG_KEYS), e
+        assert set(e) - {"N", "K", "M", "path", "us", "tuned_at", "dtype", "group_size", "symmetric", "act_order", "FALLBACK"} <= set(
+            dispatch.CONFIG_KEYS), e
+        if e["path"] == "decode":
+            assert e["M"] <= 16 and e["K"] % 128 == 0, e
+
+
+@pytest.mark.skipif(not _on_nvidia(), reason="the Gluon kernel needs an NVIDIA GPU (sm_80+)")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("k,n,group_size,symmetric,fractional", [
+    (512, 200, 128, False, False),   # N off the 16 / 32-row program
+    (1024, 136, 256, True, False),   # group 256 (one group over two blocks), symmetric
+    (384, 72, -1, False, False),     # per-channel
+    (384, 64, 128, False, True),     # fractional zeros
+    (256, 40, 64, True, False),      # group 64: two groups per 128-row block
+    (640, 24, 32, False, True),      # group 32, 5 blocks: the warps' shares differ (and some steps run past K)
+    (256, 24, 16, False, False),     # group 16
+])
+@pytest.mark.parametrize("config", [
+    {"num_warps": 4, "ROWS": 16, "AHEAD": 1, "maxnreg": 96},
+    {"num_warps": 8, "ROWS": 32, "AHEAD": 2},
+    {"num_warps": 2, "ROWS": 32, "AHEAD": 3, "maxnreg": 128},
+])
+def test_decode_matches_reference(w4a16, dtype, k, n, group_size, symmetric, fractional, config):
+    weight, ref = random_layer(w4a16, k, n, group_size, symmetric, dtype, "cuda", seed=21, fractional_zeros=fractional)
+    assert_path_matches_reference(w4a16, weight, ref, ("decode", config), dtype, "cuda", (1, 2, 3, 8, 9, 16), seed=22)
+
+
+@pytest.mark.skipif(not _on_nvidia(), reason="the Gluon kernel needs an NVIDIA GPU (sm_80+)")
+def test_decode_act_order_and_unaligned_x(w4a16):
+    """Act-order weights (x gathered first, as for every path) and an x whose rows are not 4-byte aligned (the
+    launcher copies it: the kernel reads x as 32-bit row pairs)."""
+    weight, ref = random_layer(w4a16, 512, 96, 128, False, torch.float16, "cuda", act_order=True, seed=71)
+    assert_path_matches_reference(w4a16, weight, ref, ("decode", {"ROWS": 32}), torch.float16, "cuda", (1, 5, 16), seed=72)
+    plain, ref = random_layer(w4a16, 256, 64, 128, False, torch.float16, "cuda", seed=73)
+    wide = torch.randn(3, 257, dtype=torch.float16, device="cuda")
+    x = wide[:, 1:]  # rows start 2 bytes past an aligned address, stride 257 elements
+    y = w4a16.gemm_decode.launch_decode(x, plain.qweight, plain.scales, plain.zeros, 256, 128,
+                                        w4a16.dispatch.Plan("decode", {}, "test"))
+    expected = x.double() @ ref.to(torch.float64)
+    assert float((y.double() - expected).norm() / expected.norm()) < TOL[torch.float16]
+
+
+@pytest.mark.skipif(not _on_nvidia(), reason="the Gluon kernel needs an NVIDIA GPU (sm_80+)")
+def test_decode_repeat_launch(w4a16):
+    """The kept launch (eager repeat calls of `matmul_weight`): new x, new output, same shapes, against the reference."""
+    weight, ref = random_layer(w4a16, 1024, 192, 128, False, torch.float16, "cuda", seed=81)
+    plan = w4a16.dispatch.Plan("decode", {"num_warps": 4, "ROWS": 16}, "test")
+    gen = torch.Generator().manual_seed(82)
+    x = torch.randn(4, 1024, generator=gen).to(device="cuda", dtype=torch.float16)
+    w4a16.gemm_decode.launch_decode(x, weight.qweight, weight.scales, weight.zeros, 1024, 128, plan)  # compiles
+    y, repeat = w4a16.gemm_decode.launch_decode_kept(x, weight.qweight, weight.scales, weight.zeros, 1024, 128, plan)
+    assert repeat is not None
+    for _ in range(3):
+        x = torch.randn(4, 1024, generator=gen).to(device="cuda", dtype=torch.float16)
+        y = repeat(x, weight.qweight, weight.scales, weight.zeros)
+        expected = x.double() @ ref.to(torch.float64)
+        assert float((y.double() - expected).norm() / expected.norm()) < TOL[torch.float16]

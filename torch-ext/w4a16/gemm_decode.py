@@ -1,0 +1,406 @@
+"""NVIDIA W4A16 decode kernel (M <= 16), written in Gluon: mma.sync with the K range split over the warps of one
+program (the "decode" path of the dispatcher).
+
+Why: at decode the Triton kernels of gemm.py spend ~3.2 instructions per weight (unpack, block-wide barriers, the
+shared-memory hop of their pipelined loads) and, to fill the GPU, split K over programs, whose partials meet in a
+global workspace through an arrival counter (1.4-1.7 us per call, NOTES v20 / v25). Here no two programs share an
+output tile, and nothing is shared inside the loop:
+
+    program   ROWS weight rows (16 or 32) and all of K; grid (cdiv(N, ROWS), cdiv(M, BLOCK_M))
+    warp w    the K blocks w, w + WARPS, w + 2 WARPS, ... of those rows: its words, x's block, the scales and
+              zeros go from global memory straight into registers, issued AHEAD blocks before their use (an
+              unrolled register ring); unpacked into mma.sync A fragments of C + q (one shr + lop3 per word and
+              nibble pair, the layout making the rest register relabelling); acc += s * (q . x) - s (z + C) sum(x)
+              per scale group, the x sums from the same MMAs on an all-ones operand (exact for any zero)
+    end       the warps' fp32 tiles summed once through shared memory, y stored
+
+Operand orders (the MMA's k index is free as long as A and B agree): a warp's lane t (of 4) takes word columns
+4t .. 4t + 3 of a row (one 16-byte load); within a half h of the 128-row block (word columns of parity h, block rows
+64h ..), operand column kk = 16 q + 8 u + 2 t + b holds block row 64 h + 16 q + 4 t + 2 u + b of word column
+4t + 2u + h, nibble q + 4b; x's block is loaded as 32-bit row pairs in the matching order (8 bytes per lane and
+16-row slice).
+
+Contract (`launch_decode`): x [M, K] fp16 / bf16, M <= 16, unit stride along K, K a multiple of 128 (x is copied
+when its rows are not 4-byte aligned); qweight int32 [ceil(N/64), K/128, 64, 16] (layout.py); scales [K/G, N] (fp16,
+bf16 or fp32, contiguous); zeros [K/G, N] uint8 or float (fractional zeros exact: the fold is in fp32), or None
+(symmetric: zero 8); G any group size `quantize.validate_group_size` accepts (16, 32, 64, a multiple of 128, or K).
+y [M, N] in x's dtype. Programs past N / tokens past M read clamped rows (never stored).
+
+Needs Gluon (Triton >= 3.5) and an NVIDIA GPU with mma.sync for 16-bit floats (sm_80+: `available`); elsewhere
+the dispatcher runs the entry's FALLBACK plan. Triton's CPU interpreter does not run Gluon: CI compiles the kernel
+for sm_90 on the CPU (tests/test_decode.py); the GPU suite checks its results.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .launch import COMPILE_OPTIONS, PreparedLaunch, RepeatLaunch, current_stream
+from .layout import K_BLOCK
+
+try:  # Gluon is experimental: absent before Triton 3.5, and its names move between releases
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+    _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # renamed after Triton 3.6
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - exercised only with an old Triton
+    HAVE_GLUON = False
+
+__all__ = ["HAVE_GLUON", "available", "launch_decode", "launch_decode_kept", "compile_for_sm90", "DECODE_ROWS"]
+
+DECODE_ROWS = (16, 32)  # weight rows per program the kernel takes (ROWS)
+
+
+@functools.lru_cache(maxsize=None)
+def available(device: torch.device) -> bool:
+    """Whether the decode kernel can run on `device`: Gluon present, an NVIDIA GPU of compute capability >= 8.0."""
+    return (HAVE_GLUON and device.type == "cuda" and torch.version.hip is None
+            and torch.cuda.get_device_capability(device)[0] >= 8)
+
+
+if HAVE_GLUON:
+    # C in both 16-bit halves (fp16 1024.0, bf16 128.0; dequant.py's magic number) and C itself, per dtype
+    _MAGIC_PAIRS = gl.constexpr((0x64006400, 0x43004300))
+    _MAGIC_VALUES = gl.constexpr((1024.0, 128.0))
+
+    @gluon.constexpr_function
+    def _words_layout(WARPS, ROWS):
+        # words [WARPS, ROWS, 16], warp w on dim 0. Word column c = 4 t + 2 u + h: c bits 0-1 in registers (one
+        # 16-byte load per row), bits 2-3 on lanes 0-1; row bits 0-2 on lanes 2-4, row bit 3 and the 16-row tile in
+        # registers: the mma.sync m16n8k16 A fragment once the operand columns are ordered as `_unpack_half` says.
+        reg = [[0, 0, 1], [0, 0, 2], [0, 8, 0]] + [[0, 16 << i, 0] for i in range(int(math.log2(ROWS // 16)))]
+        lane = [[0, 0, 4], [0, 0, 8], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
+        warp = [[1 << i, 0, 0] for i in range(int(math.log2(WARPS)))]
+        return gl.DistributedLinearLayout(reg, lane, warp, [], [WARPS, ROWS, 16])
+
+    @gluon.constexpr_function
+    def _x_layout(WARPS, BLOCK_M):
+        # x^T block as 32-bit row pairs [WARPS, 64, BLOCK_M]: pair j = 32 h + 8 s + 2 t + u holds block rows
+        # 64 h + 16 s + 4 t + 2 u + (0, 1): u in registers (one 8-byte load), t on lanes 0-1, s and h in registers;
+        # tokens on lanes 2-4 (a second 8 in registers). Kept as 32-bit words until used: carried across the loop
+        # as 16-bit halves they cost a byte permute each.
+        reg = [[0, 1, 0], [0, 8, 0], [0, 16, 0], [0, 32, 0]] + ([[0, 0, 8]] if BLOCK_M == 16 else [])
+        lane = [[0, 2, 0], [0, 4, 0], [0, 0, 1], [0, 0, 2], [0, 0, 4]]
+        warp = [[1 << i, 0, 0] for i in range(int(math.log2(WARPS)))]
+        return gl.DistributedLinearLayout(reg, lane, warp, [], [WARPS, 64, BLOCK_M])
+
+    @gluon.jit
+    def _last_dim_pieces(t, PIECES: gl.constexpr):
+        """t [W, R, C] -> PIECES tensors [W, R, C / PIECES], columns in order (PIECES 1, 2 or 4)."""
+        W: gl.constexpr = t.shape[0]
+        R: gl.constexpr = t.shape[1]
+        C: gl.constexpr = t.shape[2]
+        if PIECES == 1:
+            pieces = (t,)
+        else:
+            lo, hi = gl.split(gl.permute(gl.reshape(t, [W, R, 2, C // 2]), (0, 1, 3, 2)))
+            if PIECES == 2:
+                pieces = (lo, hi)
+            else:
+                a, b = gl.split(gl.permute(gl.reshape(lo, [W, R, 2, C // 4]), (0, 1, 3, 2)))
+                c, d = gl.split(gl.permute(gl.reshape(hi, [W, R, 2, C // 4]), (0, 1, 3, 2)))
+                pieces = (a, b, c, d)
+        return pieces
+
+    @gluon.jit
+    def _unpack_half(words, a_layout: gl.constexpr, dtype: gl.constexpr, MAGIC: gl.constexpr, PIECES: gl.constexpr):
+        """Half h of a block: words [W, R, 8] uint32 (the word columns 4 t + 2 u + h of one parity h) -> A operands of
+        C + q in dtype for PIECES consecutive column ranges of [W, R, 64], operand column kk = 16 q + 8 u + 2 t + b =
+        block row 64 h + 16 q + 4 t + 2 u + b (nibble q + 4 b)."""
+        pairs = ()
+        for q in gl.static_range(4):
+            if q == 0:
+                p = gl.inline_asm_elementwise(f"lop3.b32 $0, $1, 0x000F000F, {MAGIC}, 0xEA;", "=r,r", [words],
+                                              dtype=gl.uint32, is_pure=True, pack=1)
+            else:
+                p = gl.inline_asm_elementwise(
+                    f"{{ .reg .b32 t; shr.b32 t, $1, {4 * q}; lop3.b32 $0, t, 0x000F000F, {MAGIC}, 0xEA; }}", "=r,r",
+                    [words], dtype=gl.uint32, is_pure=True, pack=1)
+            pairs = pairs + (gl.join(p.to(gl.uint16), (p >> 16).to(gl.uint16)),)  # [W, R, 8, 2 (b)]
+        j = gl.join(gl.join(pairs[0], pairs[1]), gl.join(pairs[2], pairs[3]))  # [W, R, 8, b, q0, q1]
+        W: gl.constexpr = words.shape[0]
+        R: gl.constexpr = words.shape[1]
+        j = gl.reshape(j, [W, R, 2, 2, 2, 2, 2, 2])  # (w, n, t1, t0, u, b, q0, q1)
+        j = gl.permute(j, (0, 1, 7, 6, 4, 2, 3, 5))  # (w, n, q1, q0, u, t1, t0, b)
+        pieces = _last_dim_pieces(gl.reshape(j, [W, R, 64]).to(dtype, bitcast=True), PIECES)
+        operands = ()
+        for i in gl.static_range(PIECES):
+            operands = operands + (gl.convert_layout(pieces[i], a_layout),)
+        return operands
+
+    @gluon.jit
+    def _operand_x(x_pairs, b_layout: gl.constexpr, dtype: gl.constexpr, PIECES: gl.constexpr):
+        """x^T pairs of one half [W, 32, BLOCK_M] (uint32, pair j = 8 s + 2 t + u) -> B operands in dtype for PIECES
+        consecutive row ranges of [W, 64, BLOCK_M], rows in `_unpack_half`'s column order."""
+        W: gl.constexpr = x_pairs.shape[0]
+        BM: gl.constexpr = x_pairs.shape[2]
+        lo, hi = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [x_pairs], dtype=(gl.float16, gl.float16),
+                                           is_pure=True, pack=1)
+        j = gl.permute(gl.join(lo, hi), (0, 1, 3, 2))  # [W, 32 (j), 2 (b), BM]
+        j = gl.reshape(j, [W, 4, 4, 2, 2, BM])  # (w, s, t, u, b, m)
+        j = gl.permute(j, (0, 1, 3, 2, 4, 5))  # (w, s, u, t, b, m)
+        # pieces along the rows: as [W, BM, 64] column pieces, moved back
+        pieces = _last_dim_pieces(gl.permute(gl.reshape(j, [W, 64, BM]), (0, 2, 1)).to(dtype, bitcast=True), PIECES)
+        operands = ()
+        for i in gl.static_range(PIECES):
+            operands = operands + (gl.convert_layout(gl.permute(pieces[i], (0, 2, 1)), b_layout),)
+        return operands
+
+    @gluon.jit
+    def _load_step(qw_base, x_base, s_base, z_base, step, kb_w, kb_x, kb_p, num_kb, N, group_size,
+                   WARPS: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr):
+        """Block kb = step * WARPS + w of each warp w: its words, x's block (32-bit row pairs), and its GROUPS scale
+        groups' scales and zeros for the rows (fp32; the zero is the scale again when SYMMETRIC: never used). No
+        masks (a masked load costs a zeroing move per register): a block past K reads the last block again and is
+        dropped by its scale (the kernel zeroes it); rows past N and tokens past M are clamped (never stored)."""
+        words = gl.load(qw_base + gl.minimum(step * WARPS + kb_w, num_kb - 1) * 1024)
+        x = gl.load(x_base + gl.minimum(step * WARPS + kb_x, num_kb - 1) * 64)
+        kb = gl.minimum(step * WARPS + kb_p, num_kb - 1)
+        scales = ()
+        zeros = ()
+        for j in gl.static_range(GROUPS):
+            if GROUPS == 1:
+                g = (kb * 128) // group_size  # one group spans the block (G a multiple of 128, or per-channel)
+            else:
+                g = kb * GROUPS + j
+            s = gl.load(s_base + g * N).to(gl.float32)  # (carried as fp32: 16-bit values cost permutes)
+            scales = scales + (s,)
+            if SYMMETRIC:
+                zeros = zeros + (s,)
+            else:
+                zeros = zeros + (gl.load(z_base + g * N).to(gl.float32),)
+        return words, x, scales, zeros
+
+    @gluon.jit
+    def _fold(acc, part, x_sum, s, z, valid, C: gl.constexpr, SYMMETRIC: gl.constexpr):
+        """acc += s * part - s * (z + C) * x_sum for one scale group's rows of a block: part = sum_k (C + q) x and
+        x_sum = sum_k x, both from MMAs (exact products, fp32 sums), so any zero (fractional too) enters exactly.
+        A block that is not `valid` (past K) adds nothing."""
+        s = gl.where(valid, s, 0.0)
+        if SYMMETRIC:
+            shifted = s * (C + 8.0)
+        else:
+            shifted = s * (z + C)
+        acc += gl.expand_dims(s, 2) * part
+        acc -= gl.expand_dims(shifted, 2) * x_sum
+        return acc
+
+    @gluon.jit
+    def _decode_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, M, N, K, group_size, stride_xm, stride_ym,
+                       WARPS: gl.constexpr, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, AHEAD: gl.constexpr,
+                       SYMMETRIC: gl.constexpr, GROUP_SLICES: gl.constexpr):
+        """y[M, N] = x[M, K] @ W: see the module docstring. GROUP_SLICES = min(G, 128) / 16: 16-row slices per scale
+        group within a block (8: one group per block, G >= 128)."""
+        dtype: gl.constexpr = x_ptr.dtype.element_ty
+        MAGIC: gl.constexpr = _MAGIC_PAIRS[0] if dtype == gl.float16 else _MAGIC_PAIRS[1]
+        C: gl.constexpr = _MAGIC_VALUES[0] if dtype == gl.float16 else _MAGIC_VALUES[1]
+        GROUPS: gl.constexpr = 8 // GROUP_SLICES  # scale groups per block
+        PIECES: gl.constexpr = 4 // GROUP_SLICES if GROUP_SLICES <= 4 else 1  # fold pieces per half block
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1, 1], instr_shape=[1, 16, 8])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+        w_layout: gl.constexpr = _words_layout(WARPS, ROWS)
+        x_layout: gl.constexpr = _x_layout(WARPS, BLOCK_M)
+        p_layout: gl.constexpr = gl.SliceLayout(2, mma)  # [W, R]: a row's scale / zero, as the accumulator's rows
+
+        n0 = gl.program_id(0) * ROWS
+        m0 = gl.program_id(1) * BLOCK_M
+        num_kb = K // 128
+
+        # words: qweight[n // 64, kb, n % 64, c] (rows past N exist: the layout pads N to 64)
+        w_w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, w_layout)))
+        w_r = gl.arange(0, ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, w_layout)))
+        w_c = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, w_layout)))
+        n_w = gl.expand_dims(gl.expand_dims(n0 + w_r, 0), 2)
+        qw_base = qw_ptr + (n_w // 64) * (num_kb * 1024) + (n_w % 64) * 16 + gl.expand_dims(gl.expand_dims(w_c, 0), 1)
+        kb_w = gl.expand_dims(gl.expand_dims(w_w, 1), 2)
+        # x^T blocks as 32-bit row pairs [W, 64, BLOCK_M] (x rows 4-byte aligned: the launcher checks)
+        x_w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_layout)))
+        x_k = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(2, x_layout)))
+        x_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, gl.SliceLayout(1, x_layout)))
+        tok = gl.expand_dims(gl.expand_dims(gl.minimum(m0 + x_m, M - 1), 0), 1)
+        x_base = (x_ptr.to(gl.pointer_type(gl.uint32), bitcast=True) + tok * (stride_xm // 2)
+                  + gl.expand_dims(gl.expand_dims(x_k, 0), 2))
+        kb_x = gl.expand_dims(gl.expand_dims(x_w, 1), 2)
+        # scales / zeros [W, R]
+        p_w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, p_layout))
+        p_r = gl.arange(0, ROWS, layout=gl.SliceLayout(0, p_layout))
+        n_p = gl.expand_dims(gl.minimum(n0 + p_r, N - 1), 0)
+        kb_p = gl.expand_dims(p_w, 1)
+        s_base = s_ptr + n_p
+        z_base = z_ptr + n_p
+
+        steps = (num_kb + WARPS - 1) // WARPS
+        # the register ring: each step's loads are issued AHEAD steps before their use; the loop is unrolled by
+        # AHEAD + 1 so that every slot is refilled in place (a loop-carried tuple rotated by one costs a move per
+        # register)
+        ring = ()
+        for j in gl.static_range(AHEAD):
+            ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, kb_p, num_kb, N, group_size, WARPS,
+                                      SYMMETRIC, GROUPS),)
+        ones = gl.full([WARPS, ROWS, 64 // PIECES], 1.0, dtype, layout=a_layout)
+        acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
+        zero_acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
+        for i0 in range(0, steps, AHEAD + 1):
+            for j in gl.static_range(AHEAD + 1):
+                fresh = _load_step(qw_base, x_base, s_base, z_base, i0 + j + AHEAD, kb_w, kb_x, kb_p, num_kb, N,
+                                   group_size, WARPS, SYMMETRIC, GROUPS)
+                if j == 0:
+                    current = ring[0]
+                    extra = fresh
+                else:
+                    if j == AHEAD:
+                        current = extra
+                    else:
+                        current = ring[j]
+                    refilled = ()
+                    for t in gl.static_range(AHEAD):
+                        if t == j - 1:
+                            refilled = refilled + (fresh,)
+                        else:
+                            refilled = refilled + (ring[t],)
+                    ring = refilled
+                words, x, scales, zeros = current
+                valid = (i0 + j) * WARPS + kb_p < num_kb
+                # the block as two halves h (word columns of parity h: block rows 64 h ..), each half's operands
+                # built right before its MMAs
+                w_halves = gl.split(gl.reshape(words.to(gl.uint32, bitcast=True), [WARPS, ROWS, 8, 2]))
+                x_halves = gl.split(gl.permute(gl.reshape(x, [WARPS, 2, 32, BLOCK_M]), (0, 2, 3, 1)))
+                if GROUPS == 1:  # one group spans the block: both halves' sums first, one fold
+                    a0 = _unpack_half(w_halves[0], a_layout, dtype, MAGIC, 1)[0]
+                    a1 = _unpack_half(w_halves[1], a_layout, dtype, MAGIC, 1)[0]
+                    xb0 = _operand_x(x_halves[0], b_layout, dtype, 1)[0]
+                    xb1 = _operand_x(x_halves[1], b_layout, dtype, 1)[0]
+                    part = mma_v2(a1, xb1, mma_v2(a0, xb0, zero_acc))
+                    x_sum = mma_v2(ones, xb1, mma_v2(ones, xb0, zero_acc))  # sum_k x, in every row
+                    acc = _fold(acc, part, x_sum, scales[0], zeros[0], valid, C, SYMMETRIC)
+                else:
+                    for h in gl.static_range(2):
+                        operands = _unpack_half(w_halves[h], a_layout, dtype, MAGIC, PIECES)
+                        xbs = _operand_x(x_halves[h], b_layout, dtype, PIECES)
+                        for i in gl.static_range(PIECES):  # piece i of half h: the block's scale group h * PIECES + i
+                            part = mma_v2(operands[i], xbs[i], zero_acc)
+                            x_sum = mma_v2(ones, xbs[i], zero_acc)
+                            acc = _fold(acc, part, x_sum, scales[h * PIECES + i], zeros[h * PIECES + i], valid, C, SYMMETRIC)
+        # the warps' K shares summed through shared memory (by hand: gl.sum's combine function is a Triton function,
+        # which a Gluon kernel cannot call under the interpreter's patching, where CI compiles it)
+        shares = gl.allocate_shared_memory(gl.float32, [WARPS * ROWS, BLOCK_M],
+                                           gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+        shares.store(gl.reshape(acc, [WARPS * ROWS, BLOCK_M]))
+        _cta_barrier()
+        out: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [WARPS, 1], [0, 1])
+        total = shares.slice(0, ROWS).load(out)
+        for w in gl.static_range(1, WARPS):
+            total += shares.slice(w * ROWS, ROWS).load(out)
+        o_n = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, out))
+        o_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out))
+        ptrs = y_ptr + gl.expand_dims(o_m, 0) * stride_ym + gl.expand_dims(o_n, 1)
+        gl.store(ptrs, total.to(dtype), mask=(gl.expand_dims(o_n, 1) < N) & (gl.expand_dims(o_m, 0) < M))
+
+
+def _group_slices(group_size: int) -> int:
+    """GROUP_SLICES: 16-row slices per scale group inside a 128-row block (8 when a group spans the block)."""
+    return min(group_size, K_BLOCK) // 16
+
+
+@dataclass(frozen=True)
+class _DecodeLaunch:
+    """A decode plan's launch for one weight format, made once and kept in `plan.launches`."""
+
+    rows: int
+    block_m: int
+    prepared: PreparedLaunch
+
+
+_TENSOR_ARGS = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr")
+_INT_ARGS = ("M", "N", "K", "group_size", "stride_xm", "stride_ym")
+
+
+def _decode_launch(plan, m: int, group_size: int, symmetric: bool) -> _DecodeLaunch:
+    block_m = 8 if m <= 8 else 16
+    key = ("decode", block_m, group_size, symmetric)
+    prepared = plan.launches.get(key)
+    if prepared is None:
+        cfg = plan.config
+        warps, rows, ahead = cfg.get("num_warps", 4), cfg.get("ROWS", 16), cfg.get("AHEAD", 1)
+        if rows not in DECODE_ROWS:
+            raise ValueError(f"config ROWS must be one of {DECODE_ROWS} for path 'decode', got {rows!r}")
+        if warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"config num_warps must be a power of two <= 16 for path 'decode', got {warps!r}")
+        if ahead not in (1, 2, 3):
+            raise ValueError(f"config AHEAD must be 1, 2 or 3 for path 'decode', got {ahead!r}")
+        constexprs = dict(WARPS=warps, ROWS=rows, BLOCK_M=block_m, AHEAD=ahead, SYMMETRIC=symmetric,
+                          GROUP_SLICES=_group_slices(group_size))
+        options = {"num_warps": warps, **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {})}
+        prepared = plan.launches[key] = _DecodeLaunch(rows, block_m, PreparedLaunch(_decode_kernel, constexprs, options,
+                                                                                     _TENSOR_ARGS, _INT_ARGS))
+    return prepared
+
+
+def launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int, plan, out=None) -> torch.Tensor:
+    """y = x2 @ W by `_decode_kernel` with the plan's (a dispatch.Plan) num_warps, ROWS, AHEAD and maxnreg."""
+    return _launch_decode(x2, qweight, scales, zeros, in_features, group_size, plan, out, keep=False)[0]
+
+
+def launch_decode_kept(x2, qweight, scales, zeros, in_features: int, group_size: int, plan) -> tuple[torch.Tensor, RepeatLaunch | None]:
+    """`launch_decode`, and the launch kept as a `launch.RepeatLaunch` (None where Triton's fast launch path does not
+    apply: see `PreparedLaunch.bind`)."""
+    return _launch_decode(x2, qweight, scales, zeros, in_features, group_size, plan, None, keep=True)
+
+
+_REPEAT_SLOTS = tuple(range(len(_TENSOR_ARGS)))  # x, qweight, scales, zeros, y: every tensor per repeat
+
+
+def _launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int, plan, out, keep: bool):
+    m, k = x2.shape
+    if m > 16:
+        raise ValueError(f"w4a16: path 'decode' takes M <= 16 tokens, got M={m}")
+    if k % K_BLOCK:
+        raise ValueError(f"w4a16: path 'decode' needs in_features a multiple of {K_BLOCK}, got {k}")
+    run = _decode_launch(plan, m, group_size, zeros is None)  # (checks the plan's configuration: on any device)
+    if not available(x2.device):
+        raise RuntimeError(f"w4a16: path 'decode' needs Gluon (Triton >= 3.5) and an NVIDIA GPU of compute capability "
+                           f">= 8.0; x is on {x2.device}")
+    if x2.data_ptr() % 4 or x2.stride(0) % 2 or x2.stride(1) != 1:  # x is read as 32-bit row pairs
+        x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
+    n = scales.shape[1]
+    y = torch.empty((m, n), device=x2.device, dtype=x2.dtype) if out is None else out
+    grid = (-(-n // run.rows), -(-m // run.block_m))
+    tensors = (x2, qweight, scales, scales if zeros is None else zeros, y)
+    ints = (m, n, k, group_size, x2.stride(0), y.stride(0))
+    stream = current_stream(x2.device)
+    run.prepared(grid, tensors, ints, stream)
+    bound = run.prepared.bind(grid, tensors, ints, stream, _REPEAT_SLOTS) if keep else None
+    if bound is None:
+        return y, None
+    return y, RepeatLaunch(bound, (m, n), y.dtype, y.device, None, None)
+
+
+def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 8, warps: int = 4, rows: int = 16, ahead: int = 1,
+                     symmetric: bool = False, zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None,
+                     group_size: int = 128, maxnreg: int | None = None):
+    """Compile `_decode_kernel` for sm_90 without a GPU (CI runs this: Gluon API changes between Triton releases
+    surface here). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    type_names = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8"}
+    s_type = type_names[scales_dtype or dtype]
+    signature = {"x_ptr": f"*{type_names[dtype]}", "qw_ptr": "*i32", "s_ptr": f"*{s_type}",
+                 "z_ptr": f"*{s_type if symmetric else type_names[zeros_dtype]}", "y_ptr": f"*{type_names[dtype]}",
+                 "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_xm": "i32", "stride_ym": "i32"}
+    constexprs = dict(WARPS=warps, ROWS=rows, BLOCK_M=block_m, AHEAD=ahead, SYMMETRIC=symmetric,
+                      GROUP_SLICES=_group_slices(group_size))
+    names = list(signature) + list(constexprs)
+    signature.update({name: "constexpr" for name in constexprs})
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr", "N", "K")}
+    source = GluonASTSource(_decode_kernel, signature, {(names.index(key),): v for key, v in constexprs.items()}, attrs)
+    options = {**COMPILE_OPTIONS, "num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {})}
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
