@@ -38,7 +38,8 @@ def main() -> None:
     plan = kernel.plan_for(weight, m)
     x2 = x.reshape(-1, k)
     # the launcher of the plan's kernel, below the dispatch
-    launch = kernel.gemm_pingpong.launch_pingpong if plan.path == "pingpong" else kernel.gemm.launch_gemm
+    launch = {"pingpong": kernel.gemm_pingpong.launch_pingpong, "decode": kernel.gemm_decode.launch_decode}.get(
+        plan.path, kernel.gemm.launch_gemm)
     args_op = (x, weight.qweight, weight.scales, weight.zeros, weight.perm, k, g)
     calls = {
         "fp16 F.linear": lambda: F.linear(x, w16),
