@@ -154,7 +154,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _load_step(qw_base, x_base, s_base, z_base, step, kb_w, kb_x, kb_p, num_kb, N, group_size,
-                   WARPS: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, GROUP_INDEX: gl.constexpr):
+                   WARPS: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr):
         """Block kb = step * WARPS + w of each warp w: its words, x's block (32-bit row pairs), and its GROUPS scale
         groups' scales and zeros for the rows (fp32; the zero is the scale again when SYMMETRIC: never used). No
         masks (a masked load costs a zeroing move per register): a block past K reads the last block again and is
@@ -165,12 +165,10 @@ if HAVE_GLUON:
         scales = ()
         zeros = ()
         for j in gl.static_range(GROUPS):
-            if GROUP_INDEX == 0:
-                g = kb * GROUPS + j  # G <= 128: GROUPS groups per block
-            elif GROUP_INDEX == 1:
-                g = kb * 0  # one group spans K (per-channel)
+            if GROUPS == 1:
+                g = (kb * 128) // group_size  # one group spans the block (G a multiple of 128, or per-channel)
             else:
-                g = (kb * 128) // group_size  # G a multiple of 128 below K (an integer division: kept off the others)
+                g = kb * GROUPS + j
             s = gl.load(s_base + g * N).to(gl.float32)  # (carried as fp32: 16-bit values cost permutes)
             scales = scales + (s,)
             if SYMMETRIC:
@@ -196,10 +194,9 @@ if HAVE_GLUON:
     @gluon.jit
     def _decode_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, M, N, K, group_size, stride_xm, stride_ym,
                        WARPS: gl.constexpr, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, AHEAD: gl.constexpr,
-                       SYMMETRIC: gl.constexpr, GROUP_SLICES: gl.constexpr, GROUP_INDEX: gl.constexpr):
+                       SYMMETRIC: gl.constexpr, GROUP_SLICES: gl.constexpr):
         """y[M, N] = x[M, K] @ W: see the module docstring. GROUP_SLICES = min(G, 128) / 16: 16-row slices per scale
-        group within a block (8: one group per block, G >= 128). GROUP_INDEX: how a block's first group is found: 0
-        (G <= 128) kb * groups per block, 1 (G = K) the only one, 2 (G a multiple of 128 below K) kb * 128 // G."""
+        group within a block (8: one group per block, G >= 128)."""
         dtype: gl.constexpr = x_ptr.dtype.element_ty
         MAGIC: gl.constexpr = _MAGIC_PAIRS[0] if dtype == gl.float16 else _MAGIC_PAIRS[1]
         C: gl.constexpr = _MAGIC_VALUES[0] if dtype == gl.float16 else _MAGIC_VALUES[1]
@@ -246,14 +243,14 @@ if HAVE_GLUON:
         ring = ()
         for j in gl.static_range(AHEAD):
             ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, kb_p, num_kb, N, group_size, WARPS,
-                                      SYMMETRIC, GROUPS, GROUP_INDEX),)
+                                      SYMMETRIC, GROUPS),)
         ones = gl.full([WARPS, ROWS, 64 // PIECES], 1.0, dtype, layout=a_layout)
         acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
         zero_acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
         for i0 in range(0, steps, AHEAD + 1):
             for j in gl.static_range(AHEAD + 1):
                 fresh = _load_step(qw_base, x_base, s_base, z_base, i0 + j + AHEAD, kb_w, kb_x, kb_p, num_kb, N,
-                                   group_size, WARPS, SYMMETRIC, GROUPS, GROUP_INDEX)
+                                   group_size, WARPS, SYMMETRIC, GROUPS)
                 if j == 0:
                     current = ring[0]
                     extra = fresh
@@ -307,11 +304,9 @@ if HAVE_GLUON:
         gl.store(ptrs, total.to(dtype), mask=(gl.expand_dims(o_n, 1) < N) & (gl.expand_dims(o_m, 0) < M))
 
 
-def _group_constexprs(group_size: int, in_features: int) -> dict:
-    """GROUP_SLICES (16-row slices per scale group inside a 128-row block; 8 when a group spans the block) and
-    GROUP_INDEX (how the kernel finds a block's group: see `_decode_kernel`)."""
-    index = 0 if group_size <= K_BLOCK else (1 if group_size >= in_features else 2)
-    return {"GROUP_SLICES": min(group_size, K_BLOCK) // 16, "GROUP_INDEX": index}
+def _group_slices(group_size: int) -> int:
+    """GROUP_SLICES: 16-row slices per scale group inside a 128-row block (8 when a group spans the block)."""
+    return min(group_size, K_BLOCK) // 16
 
 
 @dataclass(frozen=True)
@@ -327,9 +322,9 @@ _TENSOR_ARGS = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr")
 _INT_ARGS = ("M", "N", "K", "group_size", "stride_xm", "stride_ym")
 
 
-def _decode_launch(plan, m: int, in_features: int, group_size: int, symmetric: bool) -> _DecodeLaunch:
+def _decode_launch(plan, m: int, group_size: int, symmetric: bool) -> _DecodeLaunch:
     block_m = 8 if m <= 8 else 16
-    key = ("decode", block_m, in_features, group_size, symmetric)
+    key = ("decode", block_m, group_size, symmetric)
     prepared = plan.launches.get(key)
     if prepared is None:
         cfg = plan.config
@@ -341,7 +336,7 @@ def _decode_launch(plan, m: int, in_features: int, group_size: int, symmetric: b
         if ahead not in (1, 2, 3):
             raise ValueError(f"config AHEAD must be 1, 2 or 3 for path 'decode', got {ahead!r}")
         constexprs = dict(WARPS=warps, ROWS=rows, BLOCK_M=block_m, AHEAD=ahead, SYMMETRIC=symmetric,
-                          **_group_constexprs(group_size, in_features))
+                          GROUP_SLICES=_group_slices(group_size))
         options = {"num_warps": warps, **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {})}
         prepared = plan.launches[key] = _DecodeLaunch(rows, block_m, PreparedLaunch(_decode_kernel, constexprs, options,
                                                                                      _TENSOR_ARGS, _INT_ARGS))
@@ -368,7 +363,7 @@ def _launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int
         raise ValueError(f"w4a16: path 'decode' takes M <= 16 tokens, got M={m}")
     if k % K_BLOCK:
         raise ValueError(f"w4a16: path 'decode' needs in_features a multiple of {K_BLOCK}, got {k}")
-    run = _decode_launch(plan, m, k, group_size, zeros is None)  # (checks the plan's configuration: on any device)
+    run = _decode_launch(plan, m, group_size, zeros is None)  # (checks the plan's configuration: on any device)
     if not available(x2.device):
         raise RuntimeError(f"w4a16: path 'decode' needs Gluon (Triton >= 3.5) and an NVIDIA GPU of compute capability "
                            f">= 8.0; x is on {x2.device}")
@@ -389,7 +384,7 @@ def _launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int
 
 def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 8, warps: int = 4, rows: int = 16, ahead: int = 1,
                      symmetric: bool = False, zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None,
-                     group_size: int = 128, maxnreg: int | None = None, in_features: int = 4096):
+                     group_size: int = 128, maxnreg: int | None = None):
     """Compile `_decode_kernel` for sm_90 without a GPU (CI runs this: Gluon API changes between Triton releases
     surface here). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
     import triton
@@ -402,7 +397,7 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 8, warps
                  "z_ptr": f"*{s_type if symmetric else type_names[zeros_dtype]}", "y_ptr": f"*{type_names[dtype]}",
                  "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_xm": "i32", "stride_ym": "i32"}
     constexprs = dict(WARPS=warps, ROWS=rows, BLOCK_M=block_m, AHEAD=ahead, SYMMETRIC=symmetric,
-                      **_group_constexprs(group_size, in_features))
+                      GROUP_SLICES=_group_slices(group_size))
     names = list(signature) + list(constexprs)
     signature.update({name: "constexpr" for name in constexprs})
     # (what a launch specialises on: 16-byte aligned tensors, ints divisible by 16)
