@@ -50,7 +50,8 @@ def captured_launches(kernel, m: int, n: int, k: int, variant: str, overrides: d
         raise SystemExit(f"no tuned entry for N={n} K={k} M={m} {variant}")
     config = {**dispatch.row_config(row), **(overrides or {})}
     plan = dispatch.plan_gemm(m, n, k, g, dtype, torch.device("cpu"), path=row["path"], config=config)
-    if plan.path in ("dense", "reference"):
+    if plan.path in ("dense", "reference") or plan.path in dispatch.GLUON_PATHS:
+        # no Triton kernel of gemm.py: cuBLAS / torch, or a Gluon kernel (its module's compile_for_sm90 compiles it)
         return [(plan, None, None, None)]
     qweight = torch.empty(kernel.layout.native_qweight_shape(n, k), dtype=torch.int32)
     scales = torch.empty(k // g, n, dtype=dtype)
@@ -170,7 +171,7 @@ def main() -> None:
     for shape in timing.select_shapes(args.shapes):
         for m in (int(v) for v in args.m.split(",")):
             for plan, prepared, tensors, ints in captured_launches(kernel, m, shape["N"], shape["K"], args.variant, overrides):
-                s = {}  # dense / reference plans: no Triton kernel, every column "-"
+                s = {}  # dense / reference / Gluon plans: no Triton kernel of gemm.py, every column "-"
                 if prepared is not None:
                     compiled = compile_for_sm90(prepared, tensors, ints)
                     s = hot_loop_summary(compiled.asm["cubin"])
