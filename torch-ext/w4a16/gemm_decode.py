@@ -322,25 +322,31 @@ _TENSOR_ARGS = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr")
 _INT_ARGS = ("M", "N", "K", "group_size", "stride_xm", "stride_ym")
 
 
+def _checked_config(cfg: dict) -> tuple[int, int, int]:
+    """A decode plan's (num_warps, ROWS, AHEAD), or a ValueError naming the entry the kernel cannot take."""
+    warps, rows, ahead = cfg.get("num_warps", 4), cfg.get("ROWS", 16), cfg.get("AHEAD", 1)
+    if rows not in DECODE_ROWS:
+        raise ValueError(f"config ROWS must be one of {DECODE_ROWS} for path 'decode', got {rows!r}")
+    if warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"config num_warps must be a power of two <= 16 for path 'decode', got {warps!r}")
+    if ahead not in (1, 2, 3):
+        raise ValueError(f"config AHEAD must be 1, 2 or 3 for path 'decode', got {ahead!r}")
+    return warps, rows, ahead
+
+
 def _decode_launch(plan, m: int, group_size: int, symmetric: bool) -> _DecodeLaunch:
     block_m = 8 if m <= 8 else 16
     key = ("decode", block_m, group_size, symmetric)
-    prepared = plan.launches.get(key)
-    if prepared is None:
-        cfg = plan.config
-        warps, rows, ahead = cfg.get("num_warps", 4), cfg.get("ROWS", 16), cfg.get("AHEAD", 1)
-        if rows not in DECODE_ROWS:
-            raise ValueError(f"config ROWS must be one of {DECODE_ROWS} for path 'decode', got {rows!r}")
-        if warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"config num_warps must be a power of two <= 16 for path 'decode', got {warps!r}")
-        if ahead not in (1, 2, 3):
-            raise ValueError(f"config AHEAD must be 1, 2 or 3 for path 'decode', got {ahead!r}")
+    run = plan.launches.get(key)
+    if run is None:
+        warps, rows, ahead = _checked_config(plan.config)
         constexprs = dict(WARPS=warps, ROWS=rows, BLOCK_M=block_m, AHEAD=ahead, SYMMETRIC=symmetric,
                           GROUP_SLICES=_group_slices(group_size))
-        options = {"num_warps": warps, **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {})}
-        prepared = plan.launches[key] = _DecodeLaunch(rows, block_m, PreparedLaunch(_decode_kernel, constexprs, options,
-                                                                                     _TENSOR_ARGS, _INT_ARGS))
-    return prepared
+        maxnreg = plan.config.get("maxnreg")
+        options = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {})}
+        run = plan.launches[key] = _DecodeLaunch(rows, block_m, PreparedLaunch(_decode_kernel, constexprs, options,
+                                                                               _TENSOR_ARGS, _INT_ARGS))
+    return run
 
 
 def launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int, plan, out=None) -> torch.Tensor:
@@ -363,10 +369,11 @@ def _launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int
         raise ValueError(f"w4a16: path 'decode' takes M <= 16 tokens, got M={m}")
     if k % K_BLOCK:
         raise ValueError(f"w4a16: path 'decode' needs in_features a multiple of {K_BLOCK}, got {k}")
-    run = _decode_launch(plan, m, group_size, zeros is None)  # (checks the plan's configuration: on any device)
+    _checked_config(plan.config)  # (a configuration error is reported on any device)
     if not available(x2.device):
         raise RuntimeError(f"w4a16: path 'decode' needs Gluon (Triton >= 3.5) and an NVIDIA GPU of compute capability "
                            f">= 8.0; x is on {x2.device}")
+    run = _decode_launch(plan, m, group_size, zeros is None)
     if x2.data_ptr() % 4 or x2.stride(0) % 2 or x2.stride(1) != 1:  # x is read as 32-bit row pairs
         x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
     n = scales.shape[1]
