@@ -28,8 +28,8 @@ def w4a16_linear(
 ) -> torch.Tensor:
     """y[..., N] = x[..., K] @ W (+ bias) for a prepared weight. x fp16 or bf16; y in x's dtype.
 
-    `path` forces a kernel ("gemv", "splitk", "streamk", "tiled", "dense", "reference"); `strict=True` raises
-    instead of falling back to an untuned configuration (see dispatch.py).
+    `path` forces a kernel ("gemv", "splitk", "streamk", "tiled", "decode", "pingpong", "dense", "reference");
+    `strict=True` raises instead of falling back to an untuned configuration (see dispatch.py).
     """
     # Eagerly, skip the op: the dispatcher round trip of a custom op costs tens of microseconds per
     # call, as much as the whole GEMM of a small layer, and the weight's tensors were checked when it
