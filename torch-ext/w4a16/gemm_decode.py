@@ -24,7 +24,8 @@ Contract (`launch_decode`): x [M, K] fp16 / bf16, M <= 16, unit stride along K, 
 when its rows are not 4-byte aligned); qweight int32 [ceil(N/64), K/128, 64, 16] (layout.py); scales [K/G, N] (fp16,
 bf16 or fp32, contiguous); zeros [K/G, N] uint8 or float (fractional zeros exact: the fold is in fp32), or None
 (symmetric: zero 8); G any group size `quantize.validate_group_size` accepts (16, 32, 64, a multiple of 128, or K).
-y [M, N] in x's dtype. Programs past N / tokens past M read clamped rows (never stored).
+y [M, N] in x's dtype; qweight and scales < 2**31 elements (int32 offsets; the launcher checks). Programs past N /
+tokens past M read clamped rows (never stored).
 
 Needs Gluon (Triton >= 3.5) and an NVIDIA GPU with mma.sync for 16-bit floats (sm_80+: `available`); elsewhere
 the dispatcher runs the entry's FALLBACK plan. Triton's CPU interpreter does not run Gluon: CI compiles the kernel
@@ -369,6 +370,8 @@ def _launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int
         raise ValueError(f"w4a16: path 'decode' takes M <= 16 tokens, got M={m}")
     if k % K_BLOCK:
         raise ValueError(f"w4a16: path 'decode' needs in_features a multiple of {K_BLOCK}, got {k}")
+    if qweight.numel() >= 2**31 or scales.numel() >= 2**31:  # the kernel's word and scale offsets are int32
+        raise ValueError(f"w4a16: path 'decode' takes weights of < 2**31 words and scales, got N={scales.shape[1]}, K={k}")
     _checked_config(plan.config)  # (a configuration error is reported on any device)
     if not available(x2.device):
         raise RuntimeError(f"w4a16: path 'decode' needs Gluon (Triton >= 3.5) and an NVIDIA GPU of compute capability "
