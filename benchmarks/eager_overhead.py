@@ -38,8 +38,7 @@ def main() -> None:
     plan = kernel.plan_for(weight, m)
     x2 = x.reshape(-1, k)
     # the launcher of the plan's kernel, below the dispatch
-    launch = {"pingpong": kernel.gemm_pingpong.launch_pingpong, "decode": kernel.gemm_decode.launch_decode}.get(
-        plan.path, kernel.gemm.launch_gemm)
+    launch = kernel.matmul.launcher_for(plan.path)
     args_op = (x, weight.qweight, weight.scales, weight.zeros, weight.perm, k, g)
     calls = {
         "fp16 F.linear": lambda: F.linear(x, w16),

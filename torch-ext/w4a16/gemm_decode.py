@@ -40,8 +40,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .dequant import MAGIC_PAIR, MAGIC_VALUE
 from .launch import COMPILE_OPTIONS, PreparedLaunch, RepeatLaunch, current_stream
-from .layout import K_BLOCK
+from .layout import K_BLOCK, groups_per_block
 
 try:  # Gluon is experimental: absent before Triton 3.5, and its names move between releases
     from triton.experimental import gluon
@@ -66,9 +67,9 @@ def available(device: torch.device) -> bool:
 
 
 if HAVE_GLUON:
-    # C in both 16-bit halves (fp16 1024.0, bf16 128.0; dequant.py's magic number) and C itself, per dtype
-    _MAGIC_PAIRS = gl.constexpr((0x64006400, 0x43004300))
-    _MAGIC_VALUES = gl.constexpr((1024.0, 128.0))
+    # dequant.py's magic number as values a Gluon kernel can read: C in both 16-bit halves, and C, for fp16 / bf16
+    _MAGIC_PAIRS = gl.constexpr((MAGIC_PAIR[torch.float16], MAGIC_PAIR[torch.bfloat16]))
+    _MAGIC_VALUES = gl.constexpr((MAGIC_VALUE[torch.float16], MAGIC_VALUE[torch.bfloat16]))
 
     @gluon.constexpr_function
     def _words_layout(WARPS, ROWS):
@@ -195,14 +196,13 @@ if HAVE_GLUON:
     @gluon.jit
     def _decode_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, M, N, K, group_size, stride_xm, stride_ym,
                        WARPS: gl.constexpr, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, AHEAD: gl.constexpr,
-                       SYMMETRIC: gl.constexpr, GROUP_SLICES: gl.constexpr):
-        """y[M, N] = x[M, K] @ W: see the module docstring. GROUP_SLICES = min(G, 128) / 16: 16-row slices per scale
-        group within a block (8: one group per block, G >= 128)."""
+                       SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr):
+        """y[M, N] = x[M, K] @ W: see the module docstring. GROUPS: scale groups per 128-row block
+        (`layout.groups_per_block`: 1 when a group spans the block)."""
         dtype: gl.constexpr = x_ptr.dtype.element_ty
         MAGIC: gl.constexpr = _MAGIC_PAIRS[0] if dtype == gl.float16 else _MAGIC_PAIRS[1]
         C: gl.constexpr = _MAGIC_VALUES[0] if dtype == gl.float16 else _MAGIC_VALUES[1]
-        GROUPS: gl.constexpr = 8 // GROUP_SLICES  # scale groups per block
-        PIECES: gl.constexpr = 4 // GROUP_SLICES if GROUP_SLICES <= 4 else 1  # fold pieces per half block
+        PIECES: gl.constexpr = GROUPS // 2 if GROUPS > 1 else 1  # fold pieces per half block (GROUPS > 1: one per group)
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1, 1], instr_shape=[1, 16, 8])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
@@ -305,11 +305,6 @@ if HAVE_GLUON:
         gl.store(ptrs, total.to(dtype), mask=(gl.expand_dims(o_n, 1) < N) & (gl.expand_dims(o_m, 0) < M))
 
 
-def _group_slices(group_size: int) -> int:
-    """GROUP_SLICES: 16-row slices per scale group inside a 128-row block (8 when a group spans the block)."""
-    return min(group_size, K_BLOCK) // 16
-
-
 @dataclass(frozen=True)
 class _DecodeLaunch:
     """A decode plan's launch for one weight format, made once and kept in `plan.launches`."""
@@ -335,19 +330,26 @@ def _checked_config(cfg: dict) -> tuple[int, int, int]:
     return warps, rows, ahead
 
 
-def _decode_launch(plan, m: int, group_size: int, symmetric: bool) -> _DecodeLaunch:
+def _decode_launch(plan, m: int, in_features: int, group_size: int, symmetric: bool) -> _DecodeLaunch:
+    """The plan's launch for this token count's BLOCK_M and this format, made on first use (its configuration checked
+    then: a ValueError naming the entry, on any device) and kept in `plan.launches`."""
     block_m = 8 if m <= 8 else 16
-    key = ("decode", block_m, group_size, symmetric)
+    key = ("decode", block_m, in_features, group_size, symmetric)
     run = plan.launches.get(key)
     if run is None:
         warps, rows, ahead = _checked_config(plan.config)
+        if not HAVE_GLUON:
+            raise RuntimeError(_UNAVAILABLE)
         constexprs = dict(WARPS=warps, ROWS=rows, BLOCK_M=block_m, AHEAD=ahead, SYMMETRIC=symmetric,
-                          GROUP_SLICES=_group_slices(group_size))
+                          GROUPS=groups_per_block(group_size, in_features))
         maxnreg = plan.config.get("maxnreg")
         options = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {})}
         run = plan.launches[key] = _DecodeLaunch(rows, block_m, PreparedLaunch(_decode_kernel, constexprs, options,
                                                                                _TENSOR_ARGS, _INT_ARGS))
     return run
+
+
+_UNAVAILABLE = "w4a16: path 'decode' needs Gluon (Triton >= 3.5) and an NVIDIA GPU of compute capability >= 8.0"
 
 
 def launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int, plan, out=None) -> torch.Tensor:
@@ -372,11 +374,9 @@ def _launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int
         raise ValueError(f"w4a16: path 'decode' needs in_features a multiple of {K_BLOCK}, got {k}")
     if qweight.numel() >= 2**31 or scales.numel() >= 2**31:  # the kernel's word and scale offsets are int32
         raise ValueError(f"w4a16: path 'decode' takes weights of < 2**31 words and scales, got N={scales.shape[1]}, K={k}")
-    _checked_config(plan.config)  # (a configuration error is reported on any device)
+    run = _decode_launch(plan, m, k, group_size, zeros is None)
     if not available(x2.device):
-        raise RuntimeError(f"w4a16: path 'decode' needs Gluon (Triton >= 3.5) and an NVIDIA GPU of compute capability "
-                           f">= 8.0; x is on {x2.device}")
-    run = _decode_launch(plan, m, group_size, zeros is None)
+        raise RuntimeError(f"{_UNAVAILABLE}; x is on {x2.device}")
     if x2.data_ptr() % 4 or x2.stride(0) % 2 or x2.stride(1) != 1:  # x is read as 32-bit row pairs
         x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
     n = scales.shape[1]
@@ -394,7 +394,7 @@ def _launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int
 
 def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 8, warps: int = 4, rows: int = 16, ahead: int = 1,
                      symmetric: bool = False, zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None,
-                     group_size: int = 128, maxnreg: int | None = None):
+                     group_size: int = 128, maxnreg: int | None = None, in_features: int = 4096):
     """Compile `_decode_kernel` for sm_90 without a GPU (CI runs this: Gluon API changes between Triton releases
     surface here). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
     import triton
@@ -407,7 +407,7 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 8, warps
                  "z_ptr": f"*{s_type if symmetric else type_names[zeros_dtype]}", "y_ptr": f"*{type_names[dtype]}",
                  "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_xm": "i32", "stride_ym": "i32"}
     constexprs = dict(WARPS=warps, ROWS=rows, BLOCK_M=block_m, AHEAD=ahead, SYMMETRIC=symmetric,
-                      GROUP_SLICES=_group_slices(group_size))
+                      GROUPS=groups_per_block(group_size, in_features))
     names = list(signature) + list(constexprs)
     signature.update({name: "constexpr" for name in constexprs})
     # (what a launch specialises on: 16-byte aligned tensors, ints divisible by 16)

@@ -21,7 +21,7 @@ from .launch import current_stream
 from .layout import W4A16Weight, unpack_int4_tiled_striped, validate_weight_tensors
 from .quantize import apply_group_params
 
-__all__ = ["w4a16_matmul", "matmul_weight", "validate_gemm_inputs", "validate_activation"]
+__all__ = ["w4a16_matmul", "matmul_weight", "validate_gemm_inputs", "validate_activation", "launcher_for"]
 
 
 def validate_activation(x, in_features: int, device: torch.device) -> None:
@@ -64,9 +64,17 @@ def w4a16_matmul(
     return _matmul_checked(x, qweight, scales, zeros, perm, in_features, group_size, path, strict, out, config)
 
 
-# the launcher of each path (the Triton kernels' for the others), and its form that keeps the launch for repeating
+# the launcher of each kernel path (the Triton kernels' for the others), and its form that keeps the launch for repeating
 _LAUNCHERS = {"decode": launch_decode, "pingpong": launch_pingpong}
 _KEPT_LAUNCHERS = {"decode": launch_decode_kept, "pingpong": launch_pingpong_kept}
+
+
+def launcher_for(path: str, keep: bool = False):
+    """The function that launches a plan of kernel path `path` (not "dense" / "reference"): `launch_*(x2, qweight,
+    scales, zeros, K, G, plan, out=None)`, or with `keep` its `launch_*_kept` form returning (y, RepeatLaunch or None)."""
+    return (_KEPT_LAUNCHERS.get(path, launch_gemm_kept) if keep else _LAUNCHERS.get(path, launch_gemm))
+
+
 _KEPT_LAUNCHES_PER_WEIGHT = 16  # (M, dtype, stream, strict) keys per weight: decode batch sizes, a few streams
 
 
@@ -129,11 +137,11 @@ def _matmul_checked(x, qweight, scales, zeros, perm, in_features: int, group_siz
         w = dequantize_native(qweight, scales, zeros, in_features, group_size, x2.dtype)
         y = torch.nn.functional.linear(x2, w)
     elif keep_into is not None and out is None:
-        y, repeat = _KEPT_LAUNCHERS.get(plan.path, launch_gemm_kept)(x2, qweight, scales, zeros, in_features, group_size, plan)
+        y, repeat = launcher_for(plan.path, keep=True)(x2, qweight, scales, zeros, in_features, group_size, plan)
         if repeat is not None:
             keep_into[0][keep_into[1]] = repeat
     else:
-        y = _LAUNCHERS.get(plan.path, launch_gemm)(x2, qweight, scales, zeros, in_features, group_size, plan, out)
+        y = launcher_for(plan.path)(x2, qweight, scales, zeros, in_features, group_size, plan, out)
     if out is not None and y is not out:
         out.copy_(y)
         y = out
