@@ -56,7 +56,7 @@ except ImportError:  # pragma: no cover - exercised only with an old Triton
 
 __all__ = ["HAVE_GLUON", "available", "launch_decode", "launch_decode_kept", "compile_for_sm90", "DECODE_ROWS"]
 
-DECODE_ROWS = (16, 32)  # weight rows per program the kernel takes (ROWS)
+DECODE_ROWS = (16, 32, 64)  # weight rows per program the kernel takes (ROWS)
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,25 +72,29 @@ if HAVE_GLUON:
     _MAGIC_VALUES = gl.constexpr((MAGIC_VALUE[torch.float16], MAGIC_VALUE[torch.bfloat16]))
 
     @gluon.constexpr_function
-    def _words_layout(WARPS, ROWS):
-        # words [WARPS, ROWS, 16], warp w on dim 0. Word column c = 4 t + 2 u + h: c bits 0-1 in registers (one
-        # 16-byte load per row), bits 2-3 on lanes 0-1; row bits 0-2 on lanes 2-4, row bit 3 and the 16-row tile in
-        # registers: the mma.sync m16n8k16 A fragment once the operand columns are ordered as `_unpack_half` says.
-        reg = [[0, 0, 1], [0, 0, 2], [0, 8, 0]] + [[0, 16 << i, 0] for i in range(int(math.log2(ROWS // 16)))]
+    def _words_layout(K_WARPS, ROW_WARPS, ROWS):
+        # words [K_WARPS, ROWS, 16]: warp w = r + ROW_WARPS k (the mma layout's warp order) takes K share k (dim 0)
+        # and the 16-row tiles r, r + ROW_WARPS, ... (as the mma layout deals tiles to warps).
+        # Word column c = 4 t + 2 u + h: c bits 0-1 in registers (one 16-byte load per row), bits 2-3 on lanes 0-1;
+        # row bits 0-2 on lanes 2-4, row bit 3 and the warp's 16-row tiles in registers: the mma.sync m16n8k16 A
+        # fragment once the operand columns are ordered as `_unpack_half` says.
+        row_warp_bits = int(math.log2(ROW_WARPS))
+        reg = [[0, 0, 1], [0, 0, 2], [0, 8, 0]] + [[0, 16 << i, 0] for i in range(row_warp_bits, int(math.log2(ROWS // 16)))]
         lane = [[0, 0, 4], [0, 0, 8], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
-        warp = [[1 << i, 0, 0] for i in range(int(math.log2(WARPS)))]
-        return gl.DistributedLinearLayout(reg, lane, warp, [], [WARPS, ROWS, 16])
+        warp = [[0, 16 << i, 0] for i in range(row_warp_bits)] + [[1 << i, 0, 0] for i in range(int(math.log2(K_WARPS)))]
+        return gl.DistributedLinearLayout(reg, lane, warp, [], [K_WARPS, ROWS, 16])
 
     @gluon.constexpr_function
-    def _x_layout(WARPS, BLOCK_M):
-        # x^T block as 32-bit row pairs [WARPS, 64, BLOCK_M]: pair j = 32 h + 8 s + 2 t + u holds block rows
+    def _x_layout(K_WARPS, ROW_WARPS, BLOCK_M):
+        # x^T block as 32-bit row pairs [K_WARPS, 64, BLOCK_M]: pair j = 32 h + 8 s + 2 t + u holds block rows
         # 64 h + 16 s + 4 t + 2 u + (0, 1): u in registers (one 8-byte load), t on lanes 0-1, s and h in registers;
         # tokens on lanes 2-4 (a second 8 in registers). Kept as 32-bit words until used: carried across the loop
-        # as 16-bit halves they cost a byte permute each.
+        # as 16-bit halves they cost a byte permute each. The ROW_WARPS warps of a K share hold the same block
+        # (their loads meet in L1).
         reg = [[0, 1, 0], [0, 8, 0], [0, 16, 0], [0, 32, 0]] + ([[0, 0, 8]] if BLOCK_M == 16 else [])
         lane = [[0, 2, 0], [0, 4, 0], [0, 0, 1], [0, 0, 2], [0, 0, 4]]
-        warp = [[1 << i, 0, 0] for i in range(int(math.log2(WARPS)))]
-        return gl.DistributedLinearLayout(reg, lane, warp, [], [WARPS, 64, BLOCK_M])
+        warp = [[0, 0, 0]] * int(math.log2(ROW_WARPS)) + [[1 << i, 0, 0] for i in range(int(math.log2(K_WARPS)))]
+        return gl.DistributedLinearLayout(reg, lane, warp, [], [K_WARPS, 64, BLOCK_M])
 
     @gluon.jit
     def _last_dim_pieces(t, PIECES: gl.constexpr):
@@ -156,14 +160,14 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _load_step(qw_base, x_base, s_base, z_base, step, kb_w, kb_x, kb_p, num_kb, N, group_size,
-                   WARPS: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr):
-        """Block kb = step * WARPS + w of each warp w: its words, x's block (32-bit row pairs), and its GROUPS scale
-        groups' scales and zeros for the rows (fp32; the zero is the scale again when SYMMETRIC: never used). No
-        masks (a masked load costs a zeroing move per register): a block past K reads the last block again and is
+                   K_WARPS: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, WORDS_CACHE: gl.constexpr):
+        """Block kb = step * K_WARPS + k of each K share k: its words, x's block (32-bit row pairs), and its GROUPS
+        scale groups' scales and zeros for the rows (fp32; the zero is the scale again when SYMMETRIC: never used).
+        No masks (a masked load costs a zeroing move per register): a block past K reads the last block again and is
         dropped by its scale (the kernel zeroes it); rows past N and tokens past M are clamped (never stored)."""
-        words = gl.load(qw_base + gl.minimum(step * WARPS + kb_w, num_kb - 1) * 1024)
-        x = gl.load(x_base + gl.minimum(step * WARPS + kb_x, num_kb - 1) * 64)
-        kb = gl.minimum(step * WARPS + kb_p, num_kb - 1)
+        words = gl.load(qw_base + gl.minimum(step * K_WARPS + kb_w, num_kb - 1) * 1024, cache_modifier=WORDS_CACHE)
+        x = gl.load(x_base + gl.minimum(step * K_WARPS + kb_x, num_kb - 1) * 64)
+        kb = gl.minimum(step * K_WARPS + kb_p, num_kb - 1)
         scales = ()
         zeros = ()
         for j in gl.static_range(GROUPS):
@@ -196,18 +200,23 @@ if HAVE_GLUON:
     @gluon.jit
     def _decode_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, M, N, K, group_size, stride_xm, stride_ym,
                        WARPS: gl.constexpr, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, AHEAD: gl.constexpr,
-                       SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr):
+                       SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, ROW_WARPS: gl.constexpr, BYPASS_L1: gl.constexpr):
         """y[M, N] = x[M, K] @ W: see the module docstring. GROUPS: scale groups per 128-row block
-        (`layout.groups_per_block`: 1 when a group spans the block)."""
+        (`layout.groups_per_block`: 1 when a group spans the block). ROW_WARPS: warps that split the ROWS (each
+        takes ROWS / ROW_WARPS of them; the WARPS / ROW_WARPS K shares as in the docstring). BYPASS_L1: the words
+        are loaded past L1 (ld.global.cg), so that it keeps x's blocks, which every program reads."""
+        K_WARPS: gl.constexpr = WARPS // ROW_WARPS
+        WORDS_CACHE: gl.constexpr = ".cg" if BYPASS_L1 else ""
         dtype: gl.constexpr = x_ptr.dtype.element_ty
         MAGIC: gl.constexpr = _MAGIC_PAIRS[0] if dtype == gl.float16 else _MAGIC_PAIRS[1]
         C: gl.constexpr = _MAGIC_VALUES[0] if dtype == gl.float16 else _MAGIC_VALUES[1]
         PIECES: gl.constexpr = GROUPS // 2 if GROUPS > 1 else 1  # fold pieces per half block (GROUPS > 1: one per group)
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1, 1], instr_shape=[1, 16, 8])
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[K_WARPS, ROW_WARPS, 1],
+                                                      instr_shape=[1, 16, 8])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-        w_layout: gl.constexpr = _words_layout(WARPS, ROWS)
-        x_layout: gl.constexpr = _x_layout(WARPS, BLOCK_M)
+        w_layout: gl.constexpr = _words_layout(K_WARPS, ROW_WARPS, ROWS)
+        x_layout: gl.constexpr = _x_layout(K_WARPS, ROW_WARPS, BLOCK_M)
         p_layout: gl.constexpr = gl.SliceLayout(2, mma)  # [W, R]: a row's scale / zero, as the accumulator's rows
 
         n0 = gl.program_id(0) * ROWS
@@ -215,14 +224,14 @@ if HAVE_GLUON:
         num_kb = K // 128
 
         # words: qweight[n // 64, kb, n % 64, c] (rows past N exist: the layout pads N to 64)
-        w_w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, w_layout)))
+        w_w = gl.arange(0, K_WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, w_layout)))
         w_r = gl.arange(0, ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, w_layout)))
         w_c = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, w_layout)))
         n_w = gl.expand_dims(gl.expand_dims(n0 + w_r, 0), 2)
         qw_base = qw_ptr + (n_w // 64) * (num_kb * 1024) + (n_w % 64) * 16 + gl.expand_dims(gl.expand_dims(w_c, 0), 1)
         kb_w = gl.expand_dims(gl.expand_dims(w_w, 1), 2)
         # x^T blocks as 32-bit row pairs [W, 64, BLOCK_M] (x rows 4-byte aligned: the launcher checks)
-        x_w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_layout)))
+        x_w = gl.arange(0, K_WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_layout)))
         x_k = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(2, x_layout)))
         x_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, gl.SliceLayout(1, x_layout)))
         tok = gl.expand_dims(gl.expand_dims(gl.minimum(m0 + x_m, M - 1), 0), 1)
@@ -230,28 +239,28 @@ if HAVE_GLUON:
                   + gl.expand_dims(gl.expand_dims(x_k, 0), 2))
         kb_x = gl.expand_dims(gl.expand_dims(x_w, 1), 2)
         # scales / zeros [W, R]
-        p_w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, p_layout))
+        p_w = gl.arange(0, K_WARPS, layout=gl.SliceLayout(1, p_layout))
         p_r = gl.arange(0, ROWS, layout=gl.SliceLayout(0, p_layout))
         n_p = gl.expand_dims(gl.minimum(n0 + p_r, N - 1), 0)
         kb_p = gl.expand_dims(p_w, 1)
         s_base = s_ptr + n_p
         z_base = z_ptr + n_p
 
-        steps = (num_kb + WARPS - 1) // WARPS
+        steps = (num_kb + K_WARPS - 1) // K_WARPS
         # the register ring: each step's loads are issued AHEAD steps before their use; the loop is unrolled by
         # AHEAD + 1 so that every slot is refilled in place (a loop-carried tuple rotated by one costs a move per
         # register)
         ring = ()
         for j in gl.static_range(AHEAD):
-            ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, kb_p, num_kb, N, group_size, WARPS,
-                                      SYMMETRIC, GROUPS),)
-        ones = gl.full([WARPS, ROWS, 64 // PIECES], 1.0, dtype, layout=a_layout)
-        acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
-        zero_acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
+            ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, kb_p, num_kb, N, group_size, K_WARPS,
+                                      SYMMETRIC, GROUPS, WORDS_CACHE),)
+        ones = gl.full([K_WARPS, ROWS, 64 // PIECES], 1.0, dtype, layout=a_layout)
+        acc = gl.zeros([K_WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
+        zero_acc = gl.zeros([K_WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
         for i0 in range(0, steps, AHEAD + 1):
             for j in gl.static_range(AHEAD + 1):
                 fresh = _load_step(qw_base, x_base, s_base, z_base, i0 + j + AHEAD, kb_w, kb_x, kb_p, num_kb, N,
-                                   group_size, WARPS, SYMMETRIC, GROUPS)
+                                   group_size, K_WARPS, SYMMETRIC, GROUPS, WORDS_CACHE)
                 if j == 0:
                     current = ring[0]
                     extra = fresh
@@ -268,11 +277,11 @@ if HAVE_GLUON:
                             refilled = refilled + (ring[t],)
                     ring = refilled
                 words, x, scales, zeros = current
-                valid = (i0 + j) * WARPS + kb_p < num_kb
+                valid = (i0 + j) * K_WARPS + kb_p < num_kb
                 # the block as two halves h (word columns of parity h: block rows 64 h ..), each half's operands
                 # built right before its MMAs
-                w_halves = gl.split(gl.reshape(words.to(gl.uint32, bitcast=True), [WARPS, ROWS, 8, 2]))
-                x_halves = gl.split(gl.permute(gl.reshape(x, [WARPS, 2, 32, BLOCK_M]), (0, 2, 3, 1)))
+                w_halves = gl.split(gl.reshape(words.to(gl.uint32, bitcast=True), [K_WARPS, ROWS, 8, 2]))
+                x_halves = gl.split(gl.permute(gl.reshape(x, [K_WARPS, 2, 32, BLOCK_M]), (0, 2, 3, 1)))
                 if GROUPS == 1:  # one group spans the block: both halves' sums first, one fold
                     a0 = _unpack_half(w_halves[0], a_layout, dtype, MAGIC, 1)[0]
                     a1 = _unpack_half(w_halves[1], a_layout, dtype, MAGIC, 1)[0]
@@ -291,13 +300,13 @@ if HAVE_GLUON:
                             acc = _fold(acc, part, x_sum, scales[h * PIECES + i], zeros[h * PIECES + i], valid, C, SYMMETRIC)
         # the warps' K shares summed through shared memory (by hand: gl.sum's combine function is a Triton function,
         # which a Gluon kernel cannot call under the interpreter's patching, where CI compiles it)
-        shares = gl.allocate_shared_memory(gl.float32, [WARPS * ROWS, BLOCK_M],
+        shares = gl.allocate_shared_memory(gl.float32, [K_WARPS * ROWS, BLOCK_M],
                                            gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
-        shares.store(gl.reshape(acc, [WARPS * ROWS, BLOCK_M]))
+        shares.store(gl.reshape(acc, [K_WARPS * ROWS, BLOCK_M]))
         _cta_barrier()
         out: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [WARPS, 1], [0, 1])
         total = shares.slice(0, ROWS).load(out)
-        for w in gl.static_range(1, WARPS):
+        for w in gl.static_range(1, K_WARPS):
             total += shares.slice(w * ROWS, ROWS).load(out)
         o_n = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, out))
         o_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out))
@@ -318,16 +327,21 @@ _TENSOR_ARGS = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr")
 _INT_ARGS = ("M", "N", "K", "group_size", "stride_xm", "stride_ym")
 
 
-def _checked_config(cfg: dict) -> tuple[int, int, int]:
-    """A decode plan's (num_warps, ROWS, AHEAD), or a ValueError naming the entry the kernel cannot take."""
+def _checked_config(cfg: dict) -> dict:
+    """A decode plan's constexprs WARPS, ROWS, AHEAD, ROW_WARPS and BYPASS_L1, or a ValueError naming the entry the
+    kernel cannot take."""
     warps, rows, ahead = cfg.get("num_warps", 4), cfg.get("ROWS", 16), cfg.get("AHEAD", 1)
+    row_warps = cfg.get("ROW_WARPS", 1)
     if rows not in DECODE_ROWS:
         raise ValueError(f"config ROWS must be one of {DECODE_ROWS} for path 'decode', got {rows!r}")
     if warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"config num_warps must be a power of two <= 16 for path 'decode', got {warps!r}")
     if ahead not in (1, 2, 3):
         raise ValueError(f"config AHEAD must be 1, 2 or 3 for path 'decode', got {ahead!r}")
-    return warps, rows, ahead
+    if row_warps not in (1, 2, 4) or row_warps > warps or rows // row_warps < 16:
+        raise ValueError(f"config ROW_WARPS must be 1, 2 or 4, at most num_warps ({warps}) and ROWS / 16 ({rows // 16}) "
+                         f"for path 'decode', got {row_warps!r}")
+    return dict(WARPS=warps, ROWS=rows, AHEAD=ahead, ROW_WARPS=row_warps, BYPASS_L1=bool(cfg.get("BYPASS_L1", False)))
 
 
 def _decode_launch(plan, m: int, in_features: int, group_size: int, symmetric: bool) -> _DecodeLaunch:
@@ -337,15 +351,14 @@ def _decode_launch(plan, m: int, in_features: int, group_size: int, symmetric: b
     key = ("decode", block_m, in_features, group_size, symmetric)
     run = plan.launches.get(key)
     if run is None:
-        warps, rows, ahead = _checked_config(plan.config)
+        constexprs = _checked_config(plan.config)
         if not HAVE_GLUON:
             raise RuntimeError(_UNAVAILABLE)
-        constexprs = dict(WARPS=warps, ROWS=rows, BLOCK_M=block_m, AHEAD=ahead, SYMMETRIC=symmetric,
-                          GROUPS=groups_per_block(group_size, in_features))
+        constexprs.update(BLOCK_M=block_m, SYMMETRIC=symmetric, GROUPS=groups_per_block(group_size, in_features))
         maxnreg = plan.config.get("maxnreg")
-        options = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {})}
-        run = plan.launches[key] = _DecodeLaunch(rows, block_m, PreparedLaunch(_decode_kernel, constexprs, options,
-                                                                               _TENSOR_ARGS, _INT_ARGS))
+        options = {"num_warps": constexprs["WARPS"], **({"maxnreg": maxnreg} if maxnreg else {})}
+        run = plan.launches[key] = _DecodeLaunch(constexprs["ROWS"], block_m, PreparedLaunch(
+            _decode_kernel, constexprs, options, _TENSOR_ARGS, _INT_ARGS))
     return run
 
 
@@ -394,7 +407,8 @@ def _launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int
 
 def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 8, warps: int = 4, rows: int = 16, ahead: int = 1,
                      symmetric: bool = False, zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None,
-                     group_size: int = 128, maxnreg: int | None = None, in_features: int = 4096):
+                     group_size: int = 128, maxnreg: int | None = None, in_features: int = 4096, row_warps: int = 1,
+                     bypass_l1: bool = False):
     """Compile `_decode_kernel` for sm_90 without a GPU (CI runs this: Gluon API changes between Triton releases
     surface here). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
     import triton
@@ -407,7 +421,7 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 8, warps
                  "z_ptr": f"*{s_type if symmetric else type_names[zeros_dtype]}", "y_ptr": f"*{type_names[dtype]}",
                  "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_xm": "i32", "stride_ym": "i32"}
     constexprs = dict(WARPS=warps, ROWS=rows, BLOCK_M=block_m, AHEAD=ahead, SYMMETRIC=symmetric,
-                      GROUPS=groups_per_block(group_size, in_features))
+                      GROUPS=groups_per_block(group_size, in_features), ROW_WARPS=row_warps, BYPASS_L1=bypass_l1)
     names = list(signature) + list(constexprs)
     signature.update({name: "constexpr" for name in constexprs})
     # (what a launch specialises on: 16-byte aligned tensors, ints divisible by 16)
