@@ -115,13 +115,26 @@ if HAVE_GLUON:
         return pieces
 
     @gluon.jit
-    def _unpack_half(words, a_layout: gl.constexpr, dtype: gl.constexpr, MAGIC: gl.constexpr, PIECES: gl.constexpr):
-        """Half h of a block: words [W, R, 8] uint32 (the word columns 4 t + 2 u + h of one parity h) -> A operands of
-        C + q in dtype for PIECES consecutive column ranges of [W, R, 64], operand column kk = 16 q + 8 u + 2 t + b =
-        block row 64 h + 16 q + 4 t + 2 u + b (nibble q + 4 b)."""
+    def _unpack_half(words, a_layout: gl.constexpr, dtype: gl.constexpr, MAGIC: gl.constexpr, PIECES: gl.constexpr,
+                     neg_zeros, ZERO_IN_OPERAND: gl.constexpr):
+        """Half h of a block: words [W, R, 8] uint32 (the word columns 4 t + 2 u + h of one parity h) -> A operands for
+        PIECES consecutive column ranges of [W, R, 64], operand column kk = 16 q + 8 u + 2 t + b = block row
+        64 h + 16 q + 4 t + 2 u + b (nibble q + 4 b). The operands are C + q, or with ZERO_IN_OPERAND q - z: piece i's
+        -(C + z) pair (`_neg_zero_pair`, [W, R] in the words' row layout) added by one fma.rn per word, exact
+        (small integers)."""
+        FMA: gl.constexpr = "fma.rn.f16x2" if dtype == gl.float16 else "fma.rn.bf16x2"
+        ONE: gl.constexpr = "0x3C003C00" if dtype == gl.float16 else "0x3F803F80"  # 1.0 in both halves
         pairs = ()
         for q in gl.static_range(4):
-            if q == 0:
+            if ZERO_IN_OPERAND:  # operand columns 16 q .. belong to piece q // (4 / PIECES)
+                # (the [W, R] pairs moved to this half's row layout: the same registers)
+                zero = gl.convert_layout(neg_zeros[q // (4 // PIECES)], gl.SliceLayout(2, words.type.layout))
+                zero = gl.expand_dims(zero, 2) + gl.zeros_like(words)
+                p = gl.inline_asm_elementwise(
+                    f"{{ .reg .b32 t, one; mov.b32 one, {ONE}; shr.b32 t, $1, {4 * q}; "
+                    f"lop3.b32 t, t, 0x000F000F, {MAGIC}, 0xEA; {FMA} $0, t, one, $2; }}", "=r,r,r", [words, zero],
+                    dtype=gl.uint32, is_pure=True, pack=1)
+            elif q == 0:
                 p = gl.inline_asm_elementwise(f"lop3.b32 $0, $1, 0x000F000F, {MAGIC}, 0xEA;", "=r,r", [words],
                                               dtype=gl.uint32, is_pure=True, pack=1)
             else:
@@ -159,42 +172,65 @@ if HAVE_GLUON:
         return operands
 
     @gluon.jit
-    def _load_step(qw_base, x_base, s_base, z_base, step, kb_w, kb_x, kb_p, num_kb, N, group_size,
-                   K_WARPS: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, WORDS_CACHE: gl.constexpr):
+    def _group(kb, j, group_size, GROUPS: gl.constexpr):
+        """The scale group of group piece j of block kb."""
+        if GROUPS == 1:
+            g = (kb * 128) // group_size  # one group spans the block (G a multiple of 128, or per-channel)
+        else:
+            g = kb * GROUPS + j
+        return g
+
+    @gluon.jit
+    def _neg_zero_pair(z, MAGIC: gl.constexpr):
+        """Integer zeros z -> uint32 -(C + z) in both 16-bit halves (the fma addend of `_unpack_half`)."""
+        z = z.to(gl.uint32)
+        return (z | (z << 16)) + MAGIC | 0x80008000
+
+    @gluon.jit
+    def _load_step(qw_base, x_base, s_base, z_base, step, kb_w, kb_x, kb_p, kb_z, num_kb, N, group_size,
+                   K_WARPS: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, WORDS_CACHE: gl.constexpr,
+                   ZERO_IN_OPERAND: gl.constexpr, MAGIC: gl.constexpr):
         """Block kb = step * K_WARPS + k of each K share k: its words, x's block (32-bit row pairs), and its GROUPS
-        scale groups' scales and zeros for the rows (fp32; the zero is the scale again when SYMMETRIC: never used).
-        No masks (a masked load costs a zeroing move per register): a block past K reads the last block again and is
-        dropped by its scale (the kernel zeroes it); rows past N and tokens past M are clamped (never stored)."""
+        scale groups' scales (fp32) and zeros for the rows: fp32 for the fold, or with ZERO_IN_OPERAND the -(C + z)
+        pairs in the words' row layout (kb_z; constant when SYMMETRIC, so not loaded); when SYMMETRIC without
+        ZERO_IN_OPERAND the zero is the scale again, never used. No masks (a masked load costs a zeroing move per
+        register): a block past K reads the last block again and is dropped by its scale (the kernel zeroes it);
+        rows past N and tokens past M are clamped (never stored)."""
         words = gl.load(qw_base + gl.minimum(step * K_WARPS + kb_w, num_kb - 1) * 1024, cache_modifier=WORDS_CACHE)
         x = gl.load(x_base + gl.minimum(step * K_WARPS + kb_x, num_kb - 1) * 64)
         kb = gl.minimum(step * K_WARPS + kb_p, num_kb - 1)
         scales = ()
         zeros = ()
         for j in gl.static_range(GROUPS):
-            if GROUPS == 1:
-                g = (kb * 128) // group_size  # one group spans the block (G a multiple of 128, or per-channel)
-            else:
-                g = kb * GROUPS + j
+            g = _group(kb, j, group_size, GROUPS)
             s = gl.load(s_base + g * N).to(gl.float32)  # (carried as fp32: 16-bit values cost permutes)
             scales = scales + (s,)
-            if SYMMETRIC:
+            if ZERO_IN_OPERAND:
+                if SYMMETRIC:
+                    zeros = zeros + (gl.full(kb_z.shape, 8, gl.uint32, layout=kb_z.type.layout),)
+                else:
+                    kbz = gl.minimum(step * K_WARPS + kb_z, num_kb - 1)
+                    zeros = zeros + (gl.load(z_base + _group(kbz, j, group_size, GROUPS) * N),)
+            elif SYMMETRIC:
                 zeros = zeros + (s,)
             else:
                 zeros = zeros + (gl.load(z_base + g * N).to(gl.float32),)
         return words, x, scales, zeros
 
     @gluon.jit
-    def _fold(acc, part, x_sum, s, z, valid, C: gl.constexpr, SYMMETRIC: gl.constexpr):
+    def _fold(acc, part, x_sum, s, z, valid, C: gl.constexpr, SYMMETRIC: gl.constexpr, ZERO_IN_OPERAND: gl.constexpr):
         """acc += s * part - s * (z + C) * x_sum for one scale group's rows of a block: part = sum_k (C + q) x and
         x_sum = sum_k x, both from MMAs (exact products, fp32 sums), so any zero (fractional too) enters exactly.
-        A block that is not `valid` (past K) adds nothing."""
+        With ZERO_IN_OPERAND part is sum_k (q - z) x already: acc += s * part. A block that is not `valid` (past K)
+        adds nothing."""
         s = gl.where(valid, s, 0.0)
-        if SYMMETRIC:
-            shifted = s * (C + 8.0)
-        else:
-            shifted = s * (z + C)
         acc += gl.expand_dims(s, 2) * part
-        acc -= gl.expand_dims(shifted, 2) * x_sum
+        if not ZERO_IN_OPERAND:
+            if SYMMETRIC:
+                shifted = s * (C + 8.0)
+            else:
+                shifted = s * (z + C)
+            acc -= gl.expand_dims(shifted, 2) * x_sum
         return acc
 
     @gluon.jit
@@ -206,6 +242,9 @@ if HAVE_GLUON:
         takes ROWS / ROW_WARPS of them; the WARPS / ROW_WARPS K shares as in the docstring). BYPASS_L1: the words
         are loaded past L1 (ld.global.cg), so that it keeps x's blocks, which every program reads."""
         K_WARPS: gl.constexpr = WARPS // ROW_WARPS
+        # integer zeros (uint8: 0..127, layout.py) and symmetric weights subtract the zero in the operand (one fma
+        # per word, exact), which spares the x sums' MMAs; fractional (float) zeros fold it through them
+        ZERO_IN_OPERAND: gl.constexpr = SYMMETRIC or z_ptr.dtype.element_ty == gl.uint8
         WORDS_CACHE: gl.constexpr = ".cg" if BYPASS_L1 else ""
         dtype: gl.constexpr = x_ptr.dtype.element_ty
         MAGIC: gl.constexpr = _MAGIC_PAIRS[0] if dtype == gl.float16 else _MAGIC_PAIRS[1]
@@ -244,7 +283,14 @@ if HAVE_GLUON:
         n_p = gl.expand_dims(gl.minimum(n0 + p_r, N - 1), 0)
         kb_p = gl.expand_dims(p_w, 1)
         s_base = s_ptr + n_p
-        z_base = z_ptr + n_p
+        if ZERO_IN_OPERAND:  # zeros in the words' row layout [W, R], the operands' rows
+            z_layout: gl.constexpr = gl.SliceLayout(2, w_layout)
+            z_r = gl.arange(0, ROWS, layout=gl.SliceLayout(0, z_layout))
+            z_base = z_ptr + gl.expand_dims(gl.minimum(n0 + z_r, N - 1), 0)
+            kb_z = gl.expand_dims(gl.arange(0, K_WARPS, layout=gl.SliceLayout(1, z_layout)), 1)
+        else:
+            z_base = z_ptr + n_p
+            kb_z = kb_p
 
         steps = (num_kb + K_WARPS - 1) // K_WARPS
         # the register ring: each step's loads are issued AHEAD steps before their use; the loop is unrolled by
@@ -252,15 +298,15 @@ if HAVE_GLUON:
         # register)
         ring = ()
         for j in gl.static_range(AHEAD):
-            ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, kb_p, num_kb, N, group_size, K_WARPS,
-                                      SYMMETRIC, GROUPS, WORDS_CACHE),)
-        ones = gl.full([K_WARPS, ROWS, 64 // PIECES], 1.0, dtype, layout=a_layout)
+            ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, kb_p, kb_z, num_kb, N, group_size,
+                                      K_WARPS, SYMMETRIC, GROUPS, WORDS_CACHE, ZERO_IN_OPERAND, MAGIC),)
+        ones = gl.full([K_WARPS, ROWS, 64 // PIECES], 1.0, dtype, layout=a_layout)  # (x sums: unused with ZERO_IN_OPERAND)
         acc = gl.zeros([K_WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
         zero_acc = gl.zeros([K_WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
         for i0 in range(0, steps, AHEAD + 1):
             for j in gl.static_range(AHEAD + 1):
-                fresh = _load_step(qw_base, x_base, s_base, z_base, i0 + j + AHEAD, kb_w, kb_x, kb_p, num_kb, N,
-                                   group_size, K_WARPS, SYMMETRIC, GROUPS, WORDS_CACHE)
+                fresh = _load_step(qw_base, x_base, s_base, z_base, i0 + j + AHEAD, kb_w, kb_x, kb_p, kb_z, num_kb, N,
+                                   group_size, K_WARPS, SYMMETRIC, GROUPS, WORDS_CACHE, ZERO_IN_OPERAND, MAGIC)
                 if j == 0:
                     current = ring[0]
                     extra = fresh
@@ -282,22 +328,32 @@ if HAVE_GLUON:
                 # built right before its MMAs
                 w_halves = gl.split(gl.reshape(words.to(gl.uint32, bitcast=True), [K_WARPS, ROWS, 8, 2]))
                 x_halves = gl.split(gl.permute(gl.reshape(x, [K_WARPS, 2, 32, BLOCK_M]), (0, 2, 3, 1)))
+                neg_zeros = ()  # -(C + z) pairs per group piece (ZERO_IN_OPERAND)
+                if ZERO_IN_OPERAND:
+                    for i in gl.static_range(GROUPS):
+                        neg_zeros = neg_zeros + (_neg_zero_pair(zeros[i], MAGIC),)
                 if GROUPS == 1:  # one group spans the block: both halves' sums first, one fold
-                    a0 = _unpack_half(w_halves[0], a_layout, dtype, MAGIC, 1)[0]
-                    a1 = _unpack_half(w_halves[1], a_layout, dtype, MAGIC, 1)[0]
+                    a0 = _unpack_half(w_halves[0], a_layout, dtype, MAGIC, 1, neg_zeros, ZERO_IN_OPERAND)[0]
+                    a1 = _unpack_half(w_halves[1], a_layout, dtype, MAGIC, 1, neg_zeros, ZERO_IN_OPERAND)[0]
                     xb0 = _operand_x(x_halves[0], b_layout, dtype, 1)[0]
                     xb1 = _operand_x(x_halves[1], b_layout, dtype, 1)[0]
                     part = mma_v2(a1, xb1, mma_v2(a0, xb0, zero_acc))
-                    x_sum = mma_v2(ones, xb1, mma_v2(ones, xb0, zero_acc))  # sum_k x, in every row
-                    acc = _fold(acc, part, x_sum, scales[0], zeros[0], valid, C, SYMMETRIC)
+                    x_sum = zero_acc
+                    if not ZERO_IN_OPERAND:
+                        x_sum = mma_v2(ones, xb1, mma_v2(ones, xb0, zero_acc))  # sum_k x, in every row
+                    acc = _fold(acc, part, x_sum, scales[0], zeros[0], valid, C, SYMMETRIC, ZERO_IN_OPERAND)
                 else:
                     for h in gl.static_range(2):
-                        operands = _unpack_half(w_halves[h], a_layout, dtype, MAGIC, PIECES)
+                        operands = _unpack_half(w_halves[h], a_layout, dtype, MAGIC, PIECES,
+                                                neg_zeros[h * PIECES:(h + 1) * PIECES], ZERO_IN_OPERAND)
                         xbs = _operand_x(x_halves[h], b_layout, dtype, PIECES)
                         for i in gl.static_range(PIECES):  # piece i of half h: the block's scale group h * PIECES + i
                             part = mma_v2(operands[i], xbs[i], zero_acc)
-                            x_sum = mma_v2(ones, xbs[i], zero_acc)
-                            acc = _fold(acc, part, x_sum, scales[h * PIECES + i], zeros[h * PIECES + i], valid, C, SYMMETRIC)
+                            x_sum = zero_acc
+                            if not ZERO_IN_OPERAND:
+                                x_sum = mma_v2(ones, xbs[i], zero_acc)
+                            acc = _fold(acc, part, x_sum, scales[h * PIECES + i], zeros[h * PIECES + i], valid, C,
+                                        SYMMETRIC, ZERO_IN_OPERAND)
         # the warps' K shares summed through shared memory (by hand: gl.sum's combine function is a Triton function,
         # which a Gluon kernel cannot call under the interpreter's patching, where CI compiles it)
         shares = gl.allocate_shared_memory(gl.float32, [K_WARPS * ROWS, BLOCK_M],
