@@ -236,15 +236,18 @@ if HAVE_GLUON:
     @gluon.jit
     def _decode_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, M, N, K, group_size, stride_xm, stride_ym,
                        WARPS: gl.constexpr, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, AHEAD: gl.constexpr,
-                       SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, ROW_WARPS: gl.constexpr, BYPASS_L1: gl.constexpr):
+                       SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, ROW_WARPS: gl.constexpr, BYPASS_L1: gl.constexpr,
+                       ZEROS_BY_X_SUM: gl.constexpr):
         """y[M, N] = x[M, K] @ W: see the module docstring. GROUPS: scale groups per 128-row block
         (`layout.groups_per_block`: 1 when a group spans the block). ROW_WARPS: warps that split the ROWS (each
         takes ROWS / ROW_WARPS of them; the WARPS / ROW_WARPS K shares as in the docstring). BYPASS_L1: the words
-        are loaded past L1 (ld.global.cg), so that it keeps x's blocks, which every program reads."""
+        are loaded past L1 (ld.global.cg), so that it keeps x's blocks, which every program reads.
+        ZEROS_BY_X_SUM: integer and symmetric zeros folded through the x sums too (as fractional zeros are)."""
         K_WARPS: gl.constexpr = WARPS // ROW_WARPS
         # integer zeros (uint8: 0..127, layout.py) and symmetric weights subtract the zero in the operand (one fma
-        # per word, exact), which spares the x sums' MMAs; fractional (float) zeros fold it through them
-        ZERO_IN_OPERAND: gl.constexpr = SYMMETRIC or z_ptr.dtype.element_ty == gl.uint8
+        # per word, exact), which spares the x sums' MMAs (a third of them at BLOCK_M 8, for 13% more instructions);
+        # fractional (float) zeros fold it through them
+        ZERO_IN_OPERAND: gl.constexpr = (SYMMETRIC or z_ptr.dtype.element_ty == gl.uint8) and not ZEROS_BY_X_SUM
         WORDS_CACHE: gl.constexpr = ".cg" if BYPASS_L1 else ""
         dtype: gl.constexpr = x_ptr.dtype.element_ty
         MAGIC: gl.constexpr = _MAGIC_PAIRS[0] if dtype == gl.float16 else _MAGIC_PAIRS[1]
@@ -397,7 +400,8 @@ def _checked_config(cfg: dict) -> dict:
     if row_warps not in (1, 2, 4) or row_warps > warps or rows // row_warps < 16:
         raise ValueError(f"config ROW_WARPS must be 1, 2 or 4, at most num_warps ({warps}) and ROWS / 16 ({rows // 16}) "
                          f"for path 'decode', got {row_warps!r}")
-    return dict(WARPS=warps, ROWS=rows, AHEAD=ahead, ROW_WARPS=row_warps, BYPASS_L1=bool(cfg.get("BYPASS_L1", False)))
+    return dict(WARPS=warps, ROWS=rows, AHEAD=ahead, ROW_WARPS=row_warps, BYPASS_L1=bool(cfg.get("BYPASS_L1", False)),
+                ZEROS_BY_X_SUM=bool(cfg.get("ZEROS_BY_X_SUM", False)))
 
 
 def _decode_launch(plan, m: int, in_features: int, group_size: int, symmetric: bool) -> _DecodeLaunch:
@@ -464,7 +468,7 @@ def _launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int
 def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 8, warps: int = 4, rows: int = 16, ahead: int = 1,
                      symmetric: bool = False, zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None,
                      group_size: int = 128, maxnreg: int | None = None, in_features: int = 4096, row_warps: int = 1,
-                     bypass_l1: bool = False):
+                     bypass_l1: bool = False, zeros_by_x_sum: bool = False):
     """Compile `_decode_kernel` for sm_90 without a GPU (CI runs this: Gluon API changes between Triton releases
     surface here). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
     import triton
@@ -477,7 +481,8 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 8, warps
                  "z_ptr": f"*{s_type if symmetric else type_names[zeros_dtype]}", "y_ptr": f"*{type_names[dtype]}",
                  "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_xm": "i32", "stride_ym": "i32"}
     constexprs = dict(WARPS=warps, ROWS=rows, BLOCK_M=block_m, AHEAD=ahead, SYMMETRIC=symmetric,
-                      GROUPS=groups_per_block(group_size, in_features), ROW_WARPS=row_warps, BYPASS_L1=bypass_l1)
+                      GROUPS=groups_per_block(group_size, in_features), ROW_WARPS=row_warps, BYPASS_L1=bypass_l1,
+                      ZEROS_BY_X_SUM=zeros_by_x_sum)
     names = list(signature) + list(constexprs)
     signature.update({name: "constexpr" for name in constexprs})
     # (what a launch specialises on: 16-byte aligned tensors, ints divisible by 16)
