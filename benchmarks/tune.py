@@ -96,12 +96,14 @@ def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536, 
                     yield "streamk", _with_option({**c, "PROGRAMS": per_sm * sm_count}, "ONE_TOKEN", one_token, default=False)
     if m <= 16:
         # decode (Gluon, gemm_decode.py): one program per ROWS weight rows and all of K, its warps sharing the K blocks.
-        # Register caps decide how many warps an SM holds (NOTES v27).
+        # Register caps decide how many warps an SM holds (NOTES v27); the zero in the operand or through the x sums
+        # (ZEROS_BY_X_SUM) wins by M (NOTES v28).
         if decode_plans is not None:
             yield from (("decode", dict(config)) for config in decode_plans)
         else:
-            for w, rows, ahead, cap in itertools.product((4, 8), (16, 32), (1, 2), (None, 128, 96)):
-                yield "decode", {"num_warps": w, "ROWS": rows, "AHEAD": ahead, **({"maxnreg": cap} if cap else {})}
+            for w, rows, ahead, cap, by_x_sum in itertools.product((4, 8), (16, 32), (1, 2), (None, 128, 96), (False, True)):
+                yield "decode", {"num_warps": w, "ROWS": rows, "AHEAD": ahead, **({"maxnreg": cap} if cap else {}),
+                                 **({"ZEROS_BY_X_SUM": True} if by_x_sum else {})}
     if m >= 64:
         for bn, bm, w, st, operand in ((128, 64, 4, 3, False), (128, 128, 8, 3, False), (256, 64, 8, 3, False),
                                        (256, 128, 8, 3, False), (128, 64, 4, 4, True), (128, 128, 8, 3, True),

@@ -27,20 +27,19 @@ def _on_nvidia() -> bool:
     (torch.bfloat16, False, torch.bfloat16, 16),   # eight groups per block
     (torch.float16, False, torch.uint8, 4096),     # a group spanning blocks (per-channel)
 ])
-@pytest.mark.parametrize("block_m,rows,ahead,warps,row_warps,bypass_l1", [
-    (8, 16, 1, 4, 1, False), (16, 32, 2, 8, 1, False),
-    (16, 64, 1, 8, 4, True),  # warps splitting the rows, the words loaded past L1
-])
+@pytest.mark.parametrize("block_m,rows,ahead,warps,by_x_sum", [(8, 16, 1, 4, False), (16, 32, 2, 8, True)])
 def test_decode_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmetric, zeros_dtype, group_size, block_m, rows,
-                                  ahead, warps, row_warps, bypass_l1):
+                                  ahead, warps, by_x_sum):
     decode = w4a16.gemm_decode
     if not decode.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     compiled = decode.compile_for_sm90(dtype, block_m, warps, rows, ahead, symmetric, zeros_dtype, group_size=group_size,
-                                       maxnreg=128, row_warps=row_warps, bypass_l1=bypass_l1)
+                                       maxnreg=128, zeros_by_x_sum=by_x_sum)
     ptx = compiled.asm["ptx"]
-    assert ("ld.global.cg" in ptx) == bypass_l1
+    # integer and symmetric zeros are subtracted in the operand (fma.rn.f16x2 / bf16x2) unless ZEROS_BY_X_SUM;
+    # fractional zeros always go through the x sums
     kind = "f16" if dtype == torch.float16 else "bf16"
+    assert (f"fma.rn.{kind}x2" in ptx) == ((symmetric or zeros_dtype == torch.uint8) and not by_x_sum)
     assert f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32" in ptx  # tensor cores, fp32 accumulation
     assert "atom." not in ptx  # no split-K counters: a program owns its output rows
     assert "ld.shared" in ptx and ptx.count("bar.sync") <= 4  # shared memory only for the warps' final sum
@@ -60,8 +59,6 @@ def test_decode_refuses_what_it_cannot_run(w4a16, device):
         call(config={"ROWS": 24})
     with pytest.raises(ValueError, match="AHEAD must be 1, 2 or 3"):
         call(config={"AHEAD": 0})
-    with pytest.raises(ValueError, match="ROW_WARPS must be 1, 2 or 4"):
-        call(config={"ROWS": 16, "ROW_WARPS": 2})  # a warp takes 16 rows or more
     with pytest.raises(ValueError, match="num_warps must be a power of two"):
         call(config={"num_warps": 3})
     with pytest.raises(ValueError, match="M <= 16"):
@@ -113,8 +110,7 @@ def test_shipped_gluon_entries_carry_a_runnable_fallback(w4a16):
     {"num_warps": 4, "ROWS": 16, "AHEAD": 1, "maxnreg": 96},
     {"num_warps": 8, "ROWS": 32, "AHEAD": 2},
     {"num_warps": 2, "ROWS": 32, "AHEAD": 3, "maxnreg": 128},
-    {"num_warps": 8, "ROWS": 64, "ROW_WARPS": 2, "AHEAD": 1, "BYPASS_L1": True},
-    {"num_warps": 16, "ROWS": 64, "ROW_WARPS": 4, "AHEAD": 3},
+    {"num_warps": 4, "ROWS": 32, "AHEAD": 1, "ZEROS_BY_X_SUM": True},
 ])
 def test_decode_matches_reference(w4a16, dtype, k, n, group_size, symmetric, fractional, config):
     weight, ref = random_layer(w4a16, k, n, group_size, symmetric, dtype, "cuda", seed=21, fractional_zeros=fractional)

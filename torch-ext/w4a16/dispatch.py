@@ -192,13 +192,12 @@ def _heuristic(m: int, n: int, k: int, sm_count: int) -> Plan:
 
 CONFIG_KEYS = ("BLOCK_N", "BLOCK_M", "SPLIT_K", "PROGRAMS", "num_warps", "num_stages", "maxnreg", "SCALE_IN_OPERAND", "ONE_TOKEN",
                "DOT_PARTS", "GATHER_PDL", "CONSUMERS", "STREAM_PARAMS", "UNPACK_AHEAD", "ROWS", "AHEAD",
-               "ROW_WARPS", "BYPASS_L1", "ZEROS_BY_X_SUM")
+               "ZEROS_BY_X_SUM")
 
 
 # the on / off options among them: bools (a forced config is checked in `_forced`, the one place caller-given
 # configurations enter; the shipped table's entries by tests/test_gemm.py's table test)
-CONFIG_OPTIONS = ("SCALE_IN_OPERAND", "ONE_TOKEN", "GATHER_PDL", "STREAM_PARAMS", "UNPACK_AHEAD", "BYPASS_L1",
-                  "ZEROS_BY_X_SUM")
+CONFIG_OPTIONS = ("SCALE_IN_OPERAND", "ONE_TOKEN", "GATHER_PDL", "STREAM_PARAMS", "UNPACK_AHEAD", "ZEROS_BY_X_SUM")
 
 
 def row_config(row: dict) -> dict:

@@ -9,9 +9,10 @@ output tile, and nothing is shared inside the loop:
     program   ROWS weight rows (16 or 32) and all of K; grid (cdiv(N, ROWS), cdiv(M, BLOCK_M))
     warp w    the K blocks w, w + WARPS, w + 2 WARPS, ... of those rows: its words, x's block, the scales and
               zeros go from global memory straight into registers, issued AHEAD blocks before their use (an
-              unrolled register ring); unpacked into mma.sync A fragments of C + q (one shr + lop3 per word and
-              nibble pair, the layout making the rest register relabelling); acc += s * (q . x) - s (z + C) sum(x)
-              per scale group, the x sums from the same MMAs on an all-ones operand (exact for any zero)
+              unrolled register ring); unpacked into mma.sync A fragments (one shr + lop3 per word and nibble pair, the layout making the rest register relabelling)
+              of q - z (integer or symmetric zeros: one more fma per word, exact), acc += s * ((q - z) . x) per
+              scale group; or of C + q, acc += s * ((C + q) . x) - s (z + C) sum(x), the x sums from MMAs on an
+              all-ones operand (exact for any zero: fractional zeros, or the plan option ZEROS_BY_X_SUM)
     end       the warps' fp32 tiles summed once through shared memory, y stored
 
 Operand orders (the MMA's k index is free as long as A and B agree): a warp's lane t (of 4) takes word columns
@@ -22,7 +23,7 @@ Operand orders (the MMA's k index is free as long as A and B agree): a warp's la
 
 Contract (`launch_decode`): x [M, K] fp16 / bf16, M <= 16, unit stride along K, K a multiple of 128 (x is copied
 when its rows are not 4-byte aligned); qweight int32 [ceil(N/64), K/128, 64, 16] (layout.py); scales [K/G, N] (fp16,
-bf16 or fp32, contiguous); zeros [K/G, N] uint8 or float (fractional zeros exact: the fold is in fp32), or None
+bf16 or fp32, contiguous); zeros [K/G, N] uint8 (0..127) or float (fractional zeros exact: the fold is in fp32), or None
 (symmetric: zero 8); G any group size `quantize.validate_group_size` accepts (16, 32, 64, a multiple of 128, or K).
 y [M, N] in x's dtype; qweight and scales < 2**31 elements (int32 offsets; the launcher checks). Programs past N /
 tokens past M read clamped rows (never stored).
@@ -56,7 +57,7 @@ except ImportError:  # pragma: no cover - exercised only with an old Triton
 
 __all__ = ["HAVE_GLUON", "available", "launch_decode", "launch_decode_kept", "compile_for_sm90", "DECODE_ROWS"]
 
-DECODE_ROWS = (16, 32, 64)  # weight rows per program the kernel takes (ROWS)
+DECODE_ROWS = (16, 32)  # weight rows per program the kernel takes (ROWS)
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,29 +73,25 @@ if HAVE_GLUON:
     _MAGIC_VALUES = gl.constexpr((MAGIC_VALUE[torch.float16], MAGIC_VALUE[torch.bfloat16]))
 
     @gluon.constexpr_function
-    def _words_layout(K_WARPS, ROW_WARPS, ROWS):
-        # words [K_WARPS, ROWS, 16]: warp w = r + ROW_WARPS k (the mma layout's warp order) takes K share k (dim 0)
-        # and the 16-row tiles r, r + ROW_WARPS, ... (as the mma layout deals tiles to warps).
-        # Word column c = 4 t + 2 u + h: c bits 0-1 in registers (one 16-byte load per row), bits 2-3 on lanes 0-1;
-        # row bits 0-2 on lanes 2-4, row bit 3 and the warp's 16-row tiles in registers: the mma.sync m16n8k16 A
-        # fragment once the operand columns are ordered as `_unpack_half` says.
-        row_warp_bits = int(math.log2(ROW_WARPS))
-        reg = [[0, 0, 1], [0, 0, 2], [0, 8, 0]] + [[0, 16 << i, 0] for i in range(row_warp_bits, int(math.log2(ROWS // 16)))]
+    def _words_layout(WARPS, ROWS):
+        # words [WARPS, ROWS, 16], warp w on dim 0. Word column c = 4 t + 2 u + h: c bits 0-1 in registers (one
+        # 16-byte load per row), bits 2-3 on lanes 0-1; row bits 0-2 on lanes 2-4, row bit 3 and the 16-row tile in
+        # registers: the mma.sync m16n8k16 A fragment once the operand columns are ordered as `_unpack_half` says.
+        reg = [[0, 0, 1], [0, 0, 2], [0, 8, 0]] + [[0, 16 << i, 0] for i in range(int(math.log2(ROWS // 16)))]
         lane = [[0, 0, 4], [0, 0, 8], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
-        warp = [[0, 16 << i, 0] for i in range(row_warp_bits)] + [[1 << i, 0, 0] for i in range(int(math.log2(K_WARPS)))]
-        return gl.DistributedLinearLayout(reg, lane, warp, [], [K_WARPS, ROWS, 16])
+        warp = [[1 << i, 0, 0] for i in range(int(math.log2(WARPS)))]
+        return gl.DistributedLinearLayout(reg, lane, warp, [], [WARPS, ROWS, 16])
 
     @gluon.constexpr_function
-    def _x_layout(K_WARPS, ROW_WARPS, BLOCK_M):
-        # x^T block as 32-bit row pairs [K_WARPS, 64, BLOCK_M]: pair j = 32 h + 8 s + 2 t + u holds block rows
+    def _x_layout(WARPS, BLOCK_M):
+        # x^T block as 32-bit row pairs [WARPS, 64, BLOCK_M]: pair j = 32 h + 8 s + 2 t + u holds block rows
         # 64 h + 16 s + 4 t + 2 u + (0, 1): u in registers (one 8-byte load), t on lanes 0-1, s and h in registers;
         # tokens on lanes 2-4 (a second 8 in registers). Kept as 32-bit words until used: carried across the loop
-        # as 16-bit halves they cost a byte permute each. The ROW_WARPS warps of a K share hold the same block
-        # (their loads meet in L1).
+        # as 16-bit halves they cost a byte permute each.
         reg = [[0, 1, 0], [0, 8, 0], [0, 16, 0], [0, 32, 0]] + ([[0, 0, 8]] if BLOCK_M == 16 else [])
         lane = [[0, 2, 0], [0, 4, 0], [0, 0, 1], [0, 0, 2], [0, 0, 4]]
-        warp = [[0, 0, 0]] * int(math.log2(ROW_WARPS)) + [[1 << i, 0, 0] for i in range(int(math.log2(K_WARPS)))]
-        return gl.DistributedLinearLayout(reg, lane, warp, [], [K_WARPS, 64, BLOCK_M])
+        warp = [[1 << i, 0, 0] for i in range(int(math.log2(WARPS)))]
+        return gl.DistributedLinearLayout(reg, lane, warp, [], [WARPS, 64, BLOCK_M])
 
     @gluon.jit
     def _last_dim_pieces(t, PIECES: gl.constexpr):
@@ -188,17 +185,17 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _load_step(qw_base, x_base, s_base, z_base, step, kb_w, kb_x, kb_p, kb_z, num_kb, N, group_size,
-                   K_WARPS: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, WORDS_CACHE: gl.constexpr,
-                   ZERO_IN_OPERAND: gl.constexpr, MAGIC: gl.constexpr):
-        """Block kb = step * K_WARPS + k of each K share k: its words, x's block (32-bit row pairs), and its GROUPS
+                   WARPS: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, ZERO_IN_OPERAND: gl.constexpr,
+                   MAGIC: gl.constexpr):
+        """Block kb = step * WARPS + w of each warp w: its words, x's block (32-bit row pairs), and its GROUPS
         scale groups' scales (fp32) and zeros for the rows: fp32 for the fold, or with ZERO_IN_OPERAND the -(C + z)
         pairs in the words' row layout (kb_z; constant when SYMMETRIC, so not loaded); when SYMMETRIC without
         ZERO_IN_OPERAND the zero is the scale again, never used. No masks (a masked load costs a zeroing move per
         register): a block past K reads the last block again and is dropped by its scale (the kernel zeroes it);
         rows past N and tokens past M are clamped (never stored)."""
-        words = gl.load(qw_base + gl.minimum(step * K_WARPS + kb_w, num_kb - 1) * 1024, cache_modifier=WORDS_CACHE)
-        x = gl.load(x_base + gl.minimum(step * K_WARPS + kb_x, num_kb - 1) * 64)
-        kb = gl.minimum(step * K_WARPS + kb_p, num_kb - 1)
+        words = gl.load(qw_base + gl.minimum(step * WARPS + kb_w, num_kb - 1) * 1024)
+        x = gl.load(x_base + gl.minimum(step * WARPS + kb_x, num_kb - 1) * 64)
+        kb = gl.minimum(step * WARPS + kb_p, num_kb - 1)
         scales = ()
         zeros = ()
         for j in gl.static_range(GROUPS):
@@ -209,7 +206,7 @@ if HAVE_GLUON:
                 if SYMMETRIC:
                     zeros = zeros + (gl.full(kb_z.shape, 8, gl.uint32, layout=kb_z.type.layout),)
                 else:
-                    kbz = gl.minimum(step * K_WARPS + kb_z, num_kb - 1)
+                    kbz = gl.minimum(step * WARPS + kb_z, num_kb - 1)
                     zeros = zeros + (gl.load(z_base + _group(kbz, j, group_size, GROUPS) * N),)
             elif SYMMETRIC:
                 zeros = zeros + (s,)
@@ -236,29 +233,22 @@ if HAVE_GLUON:
     @gluon.jit
     def _decode_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, M, N, K, group_size, stride_xm, stride_ym,
                        WARPS: gl.constexpr, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, AHEAD: gl.constexpr,
-                       SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, ROW_WARPS: gl.constexpr, BYPASS_L1: gl.constexpr,
-                       ZEROS_BY_X_SUM: gl.constexpr):
+                       SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, ZEROS_BY_X_SUM: gl.constexpr):
         """y[M, N] = x[M, K] @ W: see the module docstring. GROUPS: scale groups per 128-row block
-        (`layout.groups_per_block`: 1 when a group spans the block). ROW_WARPS: warps that split the ROWS (each
-        takes ROWS / ROW_WARPS of them; the WARPS / ROW_WARPS K shares as in the docstring). BYPASS_L1: the words
-        are loaded past L1 (ld.global.cg), so that it keeps x's blocks, which every program reads.
-        ZEROS_BY_X_SUM: integer and symmetric zeros folded through the x sums too (as fractional zeros are)."""
-        K_WARPS: gl.constexpr = WARPS // ROW_WARPS
+        (`layout.groups_per_block`: 1 when a group spans the block). ZEROS_BY_X_SUM: integer and symmetric zeros folded through the x sums too (as fractional zeros are)."""
         # integer zeros (uint8: 0..127, layout.py) and symmetric weights subtract the zero in the operand (one fma
         # per word, exact), which spares the x sums' MMAs (a third of them at BLOCK_M 8, for 13% more instructions);
         # fractional (float) zeros fold it through them
         ZERO_IN_OPERAND: gl.constexpr = (SYMMETRIC or z_ptr.dtype.element_ty == gl.uint8) and not ZEROS_BY_X_SUM
-        WORDS_CACHE: gl.constexpr = ".cg" if BYPASS_L1 else ""
         dtype: gl.constexpr = x_ptr.dtype.element_ty
         MAGIC: gl.constexpr = _MAGIC_PAIRS[0] if dtype == gl.float16 else _MAGIC_PAIRS[1]
         C: gl.constexpr = _MAGIC_VALUES[0] if dtype == gl.float16 else _MAGIC_VALUES[1]
         PIECES: gl.constexpr = GROUPS // 2 if GROUPS > 1 else 1  # fold pieces per half block (GROUPS > 1: one per group)
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[K_WARPS, ROW_WARPS, 1],
-                                                      instr_shape=[1, 16, 8])
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1, 1], instr_shape=[1, 16, 8])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-        w_layout: gl.constexpr = _words_layout(K_WARPS, ROW_WARPS, ROWS)
-        x_layout: gl.constexpr = _x_layout(K_WARPS, ROW_WARPS, BLOCK_M)
+        w_layout: gl.constexpr = _words_layout(WARPS, ROWS)
+        x_layout: gl.constexpr = _x_layout(WARPS, BLOCK_M)
         p_layout: gl.constexpr = gl.SliceLayout(2, mma)  # [W, R]: a row's scale / zero, as the accumulator's rows
 
         n0 = gl.program_id(0) * ROWS
@@ -266,14 +256,14 @@ if HAVE_GLUON:
         num_kb = K // 128
 
         # words: qweight[n // 64, kb, n % 64, c] (rows past N exist: the layout pads N to 64)
-        w_w = gl.arange(0, K_WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, w_layout)))
+        w_w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, w_layout)))
         w_r = gl.arange(0, ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, w_layout)))
         w_c = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, w_layout)))
         n_w = gl.expand_dims(gl.expand_dims(n0 + w_r, 0), 2)
         qw_base = qw_ptr + (n_w // 64) * (num_kb * 1024) + (n_w % 64) * 16 + gl.expand_dims(gl.expand_dims(w_c, 0), 1)
         kb_w = gl.expand_dims(gl.expand_dims(w_w, 1), 2)
         # x^T blocks as 32-bit row pairs [W, 64, BLOCK_M] (x rows 4-byte aligned: the launcher checks)
-        x_w = gl.arange(0, K_WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_layout)))
+        x_w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_layout)))
         x_k = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(2, x_layout)))
         x_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, gl.SliceLayout(1, x_layout)))
         tok = gl.expand_dims(gl.expand_dims(gl.minimum(m0 + x_m, M - 1), 0), 1)
@@ -281,7 +271,7 @@ if HAVE_GLUON:
                   + gl.expand_dims(gl.expand_dims(x_k, 0), 2))
         kb_x = gl.expand_dims(gl.expand_dims(x_w, 1), 2)
         # scales / zeros [W, R]
-        p_w = gl.arange(0, K_WARPS, layout=gl.SliceLayout(1, p_layout))
+        p_w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, p_layout))
         p_r = gl.arange(0, ROWS, layout=gl.SliceLayout(0, p_layout))
         n_p = gl.expand_dims(gl.minimum(n0 + p_r, N - 1), 0)
         kb_p = gl.expand_dims(p_w, 1)
@@ -290,26 +280,26 @@ if HAVE_GLUON:
             z_layout: gl.constexpr = gl.SliceLayout(2, w_layout)
             z_r = gl.arange(0, ROWS, layout=gl.SliceLayout(0, z_layout))
             z_base = z_ptr + gl.expand_dims(gl.minimum(n0 + z_r, N - 1), 0)
-            kb_z = gl.expand_dims(gl.arange(0, K_WARPS, layout=gl.SliceLayout(1, z_layout)), 1)
+            kb_z = gl.expand_dims(gl.arange(0, WARPS, layout=gl.SliceLayout(1, z_layout)), 1)
         else:
             z_base = z_ptr + n_p
             kb_z = kb_p
 
-        steps = (num_kb + K_WARPS - 1) // K_WARPS
+        steps = (num_kb + WARPS - 1) // WARPS
         # the register ring: each step's loads are issued AHEAD steps before their use; the loop is unrolled by
         # AHEAD + 1 so that every slot is refilled in place (a loop-carried tuple rotated by one costs a move per
         # register)
         ring = ()
         for j in gl.static_range(AHEAD):
             ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, kb_p, kb_z, num_kb, N, group_size,
-                                      K_WARPS, SYMMETRIC, GROUPS, WORDS_CACHE, ZERO_IN_OPERAND, MAGIC),)
-        ones = gl.full([K_WARPS, ROWS, 64 // PIECES], 1.0, dtype, layout=a_layout)  # (x sums: unused with ZERO_IN_OPERAND)
-        acc = gl.zeros([K_WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
-        zero_acc = gl.zeros([K_WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
+                                      WARPS, SYMMETRIC, GROUPS, ZERO_IN_OPERAND, MAGIC),)
+        ones = gl.full([WARPS, ROWS, 64 // PIECES], 1.0, dtype, layout=a_layout)  # (x sums: unused with ZERO_IN_OPERAND)
+        acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
+        zero_acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
         for i0 in range(0, steps, AHEAD + 1):
             for j in gl.static_range(AHEAD + 1):
                 fresh = _load_step(qw_base, x_base, s_base, z_base, i0 + j + AHEAD, kb_w, kb_x, kb_p, kb_z, num_kb, N,
-                                   group_size, K_WARPS, SYMMETRIC, GROUPS, WORDS_CACHE, ZERO_IN_OPERAND, MAGIC)
+                                   group_size, WARPS, SYMMETRIC, GROUPS, ZERO_IN_OPERAND, MAGIC)
                 if j == 0:
                     current = ring[0]
                     extra = fresh
@@ -326,11 +316,11 @@ if HAVE_GLUON:
                             refilled = refilled + (ring[t],)
                     ring = refilled
                 words, x, scales, zeros = current
-                valid = (i0 + j) * K_WARPS + kb_p < num_kb
+                valid = (i0 + j) * WARPS + kb_p < num_kb
                 # the block as two halves h (word columns of parity h: block rows 64 h ..), each half's operands
                 # built right before its MMAs
-                w_halves = gl.split(gl.reshape(words.to(gl.uint32, bitcast=True), [K_WARPS, ROWS, 8, 2]))
-                x_halves = gl.split(gl.permute(gl.reshape(x, [K_WARPS, 2, 32, BLOCK_M]), (0, 2, 3, 1)))
+                w_halves = gl.split(gl.reshape(words.to(gl.uint32, bitcast=True), [WARPS, ROWS, 8, 2]))
+                x_halves = gl.split(gl.permute(gl.reshape(x, [WARPS, 2, 32, BLOCK_M]), (0, 2, 3, 1)))
                 neg_zeros = ()  # -(C + z) pairs per group piece (ZERO_IN_OPERAND)
                 if ZERO_IN_OPERAND:
                     for i in gl.static_range(GROUPS):
@@ -359,13 +349,13 @@ if HAVE_GLUON:
                                         SYMMETRIC, ZERO_IN_OPERAND)
         # the warps' K shares summed through shared memory (by hand: gl.sum's combine function is a Triton function,
         # which a Gluon kernel cannot call under the interpreter's patching, where CI compiles it)
-        shares = gl.allocate_shared_memory(gl.float32, [K_WARPS * ROWS, BLOCK_M],
+        shares = gl.allocate_shared_memory(gl.float32, [WARPS * ROWS, BLOCK_M],
                                            gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
-        shares.store(gl.reshape(acc, [K_WARPS * ROWS, BLOCK_M]))
+        shares.store(gl.reshape(acc, [WARPS * ROWS, BLOCK_M]))
         _cta_barrier()
         out: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [WARPS, 1], [0, 1])
         total = shares.slice(0, ROWS).load(out)
-        for w in gl.static_range(1, K_WARPS):
+        for w in gl.static_range(1, WARPS):
             total += shares.slice(w * ROWS, ROWS).load(out)
         o_n = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, out))
         o_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out))
@@ -387,21 +377,16 @@ _INT_ARGS = ("M", "N", "K", "group_size", "stride_xm", "stride_ym")
 
 
 def _checked_config(cfg: dict) -> dict:
-    """A decode plan's constexprs WARPS, ROWS, AHEAD, ROW_WARPS and BYPASS_L1, or a ValueError naming the entry the
-    kernel cannot take."""
+    """A decode plan's constexprs WARPS, ROWS, AHEAD and ZEROS_BY_X_SUM, or a ValueError naming the entry the kernel
+    cannot take."""
     warps, rows, ahead = cfg.get("num_warps", 4), cfg.get("ROWS", 16), cfg.get("AHEAD", 1)
-    row_warps = cfg.get("ROW_WARPS", 1)
     if rows not in DECODE_ROWS:
         raise ValueError(f"config ROWS must be one of {DECODE_ROWS} for path 'decode', got {rows!r}")
     if warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"config num_warps must be a power of two <= 16 for path 'decode', got {warps!r}")
     if ahead not in (1, 2, 3):
         raise ValueError(f"config AHEAD must be 1, 2 or 3 for path 'decode', got {ahead!r}")
-    if row_warps not in (1, 2, 4) or row_warps > warps or rows // row_warps < 16:
-        raise ValueError(f"config ROW_WARPS must be 1, 2 or 4, at most num_warps ({warps}) and ROWS / 16 ({rows // 16}) "
-                         f"for path 'decode', got {row_warps!r}")
-    return dict(WARPS=warps, ROWS=rows, AHEAD=ahead, ROW_WARPS=row_warps, BYPASS_L1=bool(cfg.get("BYPASS_L1", False)),
-                ZEROS_BY_X_SUM=bool(cfg.get("ZEROS_BY_X_SUM", False)))
+    return dict(WARPS=warps, ROWS=rows, AHEAD=ahead, ZEROS_BY_X_SUM=bool(cfg.get("ZEROS_BY_X_SUM", False)))
 
 
 def _decode_launch(plan, m: int, in_features: int, group_size: int, symmetric: bool) -> _DecodeLaunch:
@@ -467,8 +452,8 @@ def _launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int
 
 def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 8, warps: int = 4, rows: int = 16, ahead: int = 1,
                      symmetric: bool = False, zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None,
-                     group_size: int = 128, maxnreg: int | None = None, in_features: int = 4096, row_warps: int = 1,
-                     bypass_l1: bool = False, zeros_by_x_sum: bool = False):
+                     group_size: int = 128, maxnreg: int | None = None, in_features: int = 4096,
+                     zeros_by_x_sum: bool = False):
     """Compile `_decode_kernel` for sm_90 without a GPU (CI runs this: Gluon API changes between Triton releases
     surface here). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
     import triton
@@ -481,8 +466,7 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 8, warps
                  "z_ptr": f"*{s_type if symmetric else type_names[zeros_dtype]}", "y_ptr": f"*{type_names[dtype]}",
                  "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_xm": "i32", "stride_ym": "i32"}
     constexprs = dict(WARPS=warps, ROWS=rows, BLOCK_M=block_m, AHEAD=ahead, SYMMETRIC=symmetric,
-                      GROUPS=groups_per_block(group_size, in_features), ROW_WARPS=row_warps, BYPASS_L1=bypass_l1,
-                      ZEROS_BY_X_SUM=zeros_by_x_sum)
+                      GROUPS=groups_per_block(group_size, in_features), ZEROS_BY_X_SUM=zeros_by_x_sum)
     names = list(signature) + list(constexprs)
     signature.update({name: "constexpr" for name in constexprs})
     # (what a launch specialises on: 16-byte aligned tensors, ints divisible by 16)
