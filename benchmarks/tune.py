@@ -146,12 +146,18 @@ def around_plan(kernel, plan, m: int, act_order: bool = False, n: int = 0, k: in
     dependent of the gather of x), for scale-in-operand plans STREAM_PARAMS flipped (s / z streamed as
     32-bit words), and for uncapped 4-warp scale-in-operand plans a register cap (with BLOCK_M >= 32 also
     four dot parts and three stages) that fits one more CTA per SM, with and without a grown grid
-    (`more_ctas_per_sm`); for pingpong plans UNPACK_AHEAD flipped (`unpack_ahead_forms`). Decides the options in a
-    few timings where a full search would take minutes per shape."""
+    (`more_ctas_per_sm`); for pingpong plans UNPACK_AHEAD flipped (`unpack_ahead_forms`); for decode plans
+    ZEROS_BY_X_SUM flipped and for act-order GATHER_PDL flipped. Decides the options in a few timings where a full
+    search would take minutes per shape."""
     config = dict(plan.config)
     yield plan.path, config
     if plan.path == "pingpong":
         yield from unpack_ahead_forms(config)
+        return
+    if plan.path == "decode":
+        yield plan.path, _with_option(config, "ZEROS_BY_X_SUM", not config.get("ZEROS_BY_X_SUM", False), default=False)
+        if act_order:
+            yield plan.path, _with_option(config, "GATHER_PDL", not config.get("GATHER_PDL", False), default=False)
         return
     if plan.path not in kernel.dispatch.TENSOR_CORE_PATHS:
         return

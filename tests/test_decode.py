@@ -27,15 +27,16 @@ def _on_nvidia() -> bool:
     (torch.bfloat16, False, torch.bfloat16, 16),   # eight groups per block
     (torch.float16, False, torch.uint8, 4096),     # a group spanning blocks (per-channel)
 ])
-@pytest.mark.parametrize("block_m,rows,ahead,warps,by_x_sum", [(8, 16, 1, 4, False), (16, 32, 2, 8, True)])
+@pytest.mark.parametrize("block_m,rows,ahead,warps,by_x_sum,wait_prior", [(8, 16, 1, 4, False, False), (16, 32, 2, 8, True, True)])
 def test_decode_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmetric, zeros_dtype, group_size, block_m, rows,
-                                  ahead, warps, by_x_sum):
+                                  ahead, warps, by_x_sum, wait_prior):
     decode = w4a16.gemm_decode
     if not decode.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     compiled = decode.compile_for_sm90(dtype, block_m, warps, rows, ahead, symmetric, zeros_dtype, group_size=group_size,
-                                       maxnreg=128, zeros_by_x_sum=by_x_sum)
+                                       maxnreg=128, zeros_by_x_sum=by_x_sum, wait_prior=wait_prior)
     ptx = compiled.asm["ptx"]
+    assert ("griddepcontrol.wait" in ptx) == wait_prior  # GATHER_PDL: x read only after act-order's gather
     # integer and symmetric zeros are subtracted in the operand (fma.rn.f16x2 / bf16x2) unless ZEROS_BY_X_SUM;
     # fractional zeros always go through the x sums
     kind = "f16" if dtype == torch.float16 else "bf16"
@@ -117,12 +118,26 @@ def test_decode_matches_reference(w4a16, dtype, k, n, group_size, symmetric, fra
     assert_path_matches_reference(w4a16, weight, ref, ("decode", config), dtype, "cuda", (1, 2, 3, 8, 9, 16), seed=22)
 
 
+def test_decode_keeps_gather_pdl_only_for_act_order(w4a16, device):
+    """GATHER_PDL on a decode plan (the kernel a programmatic dependent of act-order's gather): kept for act-order weights
+    where programmatic launches exist (sm_90+), dropped elsewhere, as for the tensor-core paths."""
+    dispatch = w4a16.dispatch
+    dev = torch.device(device)
+    plan = dispatch.plan_gemm(4, 96, 512, 128, torch.float16, dev, path="decode", config={"GATHER_PDL": True}, act_order=True)
+    assert plan.config.get("GATHER_PDL", False) == dispatch.programmatic_launch(dev)
+    plain = dispatch.plan_gemm(4, 96, 512, 128, torch.float16, dev, path="decode", config={"GATHER_PDL": True})
+    assert "GATHER_PDL" not in plain.config
+
+
 @pytest.mark.skipif(not _on_nvidia(), reason="the Gluon kernel needs an NVIDIA GPU (sm_80+)")
 def test_decode_act_order_and_unaligned_x(w4a16):
     """Act-order weights (x gathered first, as for every path) and an x whose rows are not 4-byte aligned (the
     launcher copies it: the kernel reads x as 32-bit row pairs)."""
     weight, ref = random_layer(w4a16, 512, 96, 128, False, torch.float16, "cuda", act_order=True, seed=71)
     assert_path_matches_reference(w4a16, weight, ref, ("decode", {"ROWS": 32}), torch.float16, "cuda", (1, 5, 16), seed=72)
+    # launched as a programmatic dependent of the gather (sm_90+; elsewhere the dispatcher drops the option)
+    assert_path_matches_reference(w4a16, weight, ref, ("decode", {"ROWS": 32, "GATHER_PDL": True}), torch.float16, "cuda",
+                                  (1, 5, 16), seed=73)
     plain, ref = random_layer(w4a16, 256, 64, 128, False, torch.float16, "cuda", seed=73)
     wide = torch.randn(3, 257, dtype=torch.float16, device="cuda")
     x = wide[:, 1:]  # rows start 2 bytes past an aligned address, stride 257 elements

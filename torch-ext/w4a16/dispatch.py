@@ -157,8 +157,9 @@ def programmatic_launch(device: torch.device) -> bool:
 def _applicable(plan: Plan, act_order: bool, device: torch.device) -> Plan:
     """`plan` without the options that do not apply to this call, decided once per plan (not per call):
     GATHER_PDL (act-order's GEMM launched as a programmatic dependent of the gather of x) needs
-    act-order weights, a tensor-core path and `programmatic_launch`; elsewhere it is dropped."""
-    if plan.config.get("GATHER_PDL") and not (act_order and plan.path in TENSOR_CORE_PATHS and programmatic_launch(device)):
+    act-order weights, a tensor-core or decode path and `programmatic_launch`; elsewhere it is dropped."""
+    if plan.config.get("GATHER_PDL") and not (act_order and plan.path in TENSOR_CORE_PATHS + ("decode",)
+                                              and programmatic_launch(device)):
         return Plan(plan.path, {k: v for k, v in plan.config.items() if k != "GATHER_PDL"}, plan.source)
     return plan
 

@@ -186,15 +186,20 @@ if HAVE_GLUON:
     @gluon.jit
     def _load_step(qw_base, x_base, s_base, z_base, step, kb_w, kb_x, kb_p, kb_z, num_kb, N, group_size,
                    WARPS: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, ZERO_IN_OPERAND: gl.constexpr,
-                   MAGIC: gl.constexpr):
+                   MAGIC: gl.constexpr, WAIT_PRIOR: gl.constexpr = False):
         """Block kb = step * WARPS + w of each warp w: its words, x's block (32-bit row pairs), and its GROUPS
         scale groups' scales (fp32) and zeros for the rows: fp32 for the fold, or with ZERO_IN_OPERAND the -(C + z)
         pairs in the words' row layout (kb_z; constant when SYMMETRIC, so not loaded); when SYMMETRIC without
         ZERO_IN_OPERAND the zero is the scale again, never used. No masks (a masked load costs a zeroing move per
         register): a block past K reads the last block again and is dropped by its scale (the kernel zeroes it);
-        rows past N and tokens past M are clamped (never stored)."""
+        rows past N and tokens past M are clamped (never stored). WAIT_PRIOR (the kernel's first step when it runs as a
+        programmatic dependent of the gather of x): the words are loaded, then the gather waited for, then x."""
         words = gl.load(qw_base + gl.minimum(step * WARPS + kb_w, num_kb - 1) * 1024)
-        x = gl.load(x_base + gl.minimum(step * WARPS + kb_x, num_kb - 1) * 64)
+        x_offset = gl.minimum(step * WARPS + kb_x, num_kb - 1) * 64
+        if WAIT_PRIOR:  # x's addresses come out of the wait, so no x load can be placed before it
+            x_offset = gl.inline_asm_elementwise("griddepcontrol.wait; mov.b32 $0, $1;", "=r,r", [x_offset],
+                                                 dtype=gl.int32, is_pure=False, pack=1)
+        x = gl.load(x_base + x_offset)
         kb = gl.minimum(step * WARPS + kb_p, num_kb - 1)
         scales = ()
         zeros = ()
@@ -233,9 +238,13 @@ if HAVE_GLUON:
     @gluon.jit
     def _decode_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, M, N, K, group_size, stride_xm, stride_ym,
                        WARPS: gl.constexpr, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, AHEAD: gl.constexpr,
-                       SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, ZEROS_BY_X_SUM: gl.constexpr):
+                       SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, ZEROS_BY_X_SUM: gl.constexpr,
+                       WAIT_PRIOR: gl.constexpr):
         """y[M, N] = x[M, K] @ W: see the module docstring. GROUPS: scale groups per 128-row block
-        (`layout.groups_per_block`: 1 when a group spans the block). ZEROS_BY_X_SUM: integer and symmetric zeros folded through the x sums too (as fractional zeros are)."""
+        (`layout.groups_per_block`: 1 when a group spans the block). ZEROS_BY_X_SUM: integer and symmetric zeros
+        folded through the x sums too (as fractional zeros are). WAIT_PRIOR: launched as a programmatic dependent of
+        act-order's gather of x (plan option GATHER_PDL): x's loads wait for it (griddepcontrol.wait); the words,
+        scales and zeros of the first blocks need not."""
         # integer zeros (uint8: 0..127, layout.py) and symmetric weights subtract the zero in the operand (one fma
         # per word, exact), which spares the x sums' MMAs (a third of them at BLOCK_M 8, for 13% more instructions);
         # fractional (float) zeros fold it through them
@@ -292,7 +301,7 @@ if HAVE_GLUON:
         ring = ()
         for j in gl.static_range(AHEAD):
             ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, kb_p, kb_z, num_kb, N, group_size,
-                                      WARPS, SYMMETRIC, GROUPS, ZERO_IN_OPERAND, MAGIC),)
+                                      WARPS, SYMMETRIC, GROUPS, ZERO_IN_OPERAND, MAGIC, WAIT_PRIOR and j == 0),)
         ones = gl.full([WARPS, ROWS, 64 // PIECES], 1.0, dtype, layout=a_layout)  # (x sums: unused with ZERO_IN_OPERAND)
         acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
         zero_acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
@@ -377,8 +386,8 @@ _INT_ARGS = ("M", "N", "K", "group_size", "stride_xm", "stride_ym")
 
 
 def _checked_config(cfg: dict) -> dict:
-    """A decode plan's constexprs WARPS, ROWS, AHEAD and ZEROS_BY_X_SUM, or a ValueError naming the entry the kernel
-    cannot take."""
+    """A decode plan's constexprs WARPS, ROWS, AHEAD, ZEROS_BY_X_SUM and WAIT_PRIOR (GATHER_PDL, which the dispatcher
+    keeps only for act-order weights on sm_90+), or a ValueError naming the entry the kernel cannot take."""
     warps, rows, ahead = cfg.get("num_warps", 4), cfg.get("ROWS", 16), cfg.get("AHEAD", 1)
     if rows not in DECODE_ROWS:
         raise ValueError(f"config ROWS must be one of {DECODE_ROWS} for path 'decode', got {rows!r}")
@@ -386,7 +395,8 @@ def _checked_config(cfg: dict) -> dict:
         raise ValueError(f"config num_warps must be a power of two <= 16 for path 'decode', got {warps!r}")
     if ahead not in (1, 2, 3):
         raise ValueError(f"config AHEAD must be 1, 2 or 3 for path 'decode', got {ahead!r}")
-    return dict(WARPS=warps, ROWS=rows, AHEAD=ahead, ZEROS_BY_X_SUM=bool(cfg.get("ZEROS_BY_X_SUM", False)))
+    return dict(WARPS=warps, ROWS=rows, AHEAD=ahead, ZEROS_BY_X_SUM=bool(cfg.get("ZEROS_BY_X_SUM", False)),
+                WAIT_PRIOR=bool(cfg.get("GATHER_PDL", False)))
 
 
 def _decode_launch(plan, m: int, in_features: int, group_size: int, symmetric: bool) -> _DecodeLaunch:
@@ -401,7 +411,8 @@ def _decode_launch(plan, m: int, in_features: int, group_size: int, symmetric: b
             raise RuntimeError(_UNAVAILABLE)
         constexprs.update(BLOCK_M=block_m, SYMMETRIC=symmetric, GROUPS=groups_per_block(group_size, in_features))
         maxnreg = plan.config.get("maxnreg")
-        options = {"num_warps": constexprs["WARPS"], **({"maxnreg": maxnreg} if maxnreg else {})}
+        options = {"num_warps": constexprs["WARPS"], **({"maxnreg": maxnreg} if maxnreg else {}),
+                   **({"launch_pdl": True} if constexprs["WAIT_PRIOR"] else {})}
         run = plan.launches[key] = _DecodeLaunch(constexprs["ROWS"], block_m, PreparedLaunch(
             _decode_kernel, constexprs, options, _TENSOR_ARGS, _INT_ARGS))
     return run
@@ -453,7 +464,7 @@ def _launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int
 def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 8, warps: int = 4, rows: int = 16, ahead: int = 1,
                      symmetric: bool = False, zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None,
                      group_size: int = 128, maxnreg: int | None = None, in_features: int = 4096,
-                     zeros_by_x_sum: bool = False):
+                     zeros_by_x_sum: bool = False, wait_prior: bool = False):
     """Compile `_decode_kernel` for sm_90 without a GPU (CI runs this: Gluon API changes between Triton releases
     surface here). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
     import triton
@@ -466,7 +477,8 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 8, warps
                  "z_ptr": f"*{s_type if symmetric else type_names[zeros_dtype]}", "y_ptr": f"*{type_names[dtype]}",
                  "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_xm": "i32", "stride_ym": "i32"}
     constexprs = dict(WARPS=warps, ROWS=rows, BLOCK_M=block_m, AHEAD=ahead, SYMMETRIC=symmetric,
-                      GROUPS=groups_per_block(group_size, in_features), ZEROS_BY_X_SUM=zeros_by_x_sum)
+                      GROUPS=groups_per_block(group_size, in_features), ZEROS_BY_X_SUM=zeros_by_x_sum,
+                      WAIT_PRIOR=wait_prior)
     names = list(signature) + list(constexprs)
     signature.update({name: "constexpr" for name in constexprs})
     # (what a launch specialises on: 16-byte aligned tensors, ints divisible by 16)
