@@ -15,7 +15,8 @@ Paths:
     tiled      tensor-core kernel without split-K, mid-size M
     decode     NVIDIA mma.sync kernel (Gluon, gemm_decode.py), M <= 16: one program per ROWS weight rows and all
                of K, the K blocks split over its num_warps warps (no split-K workspace); ROWS, AHEAD (register
-               ring depth), maxnreg. Its entries carry FALLBACK, as pingpong's do (no Gluon, AMD)
+               ring depth), maxnreg, ZEROS_BY_X_SUM, GATHER_PDL (act-order). Its entries carry FALLBACK, as
+               pingpong's do (no Gluon, AMD)
     pingpong   Hopper warp-specialised kernel (Gluon, gemm_pingpong.py), mid and large M: consumer
                warpgroups (CONSUMERS, 2 or 1) unpack and multiply while a loader warp streams x by TMA;
                BLOCK_M, num_stages, SPLIT_K or PROGRAMS (a persistent Stream-K grid, as streamk's). Its
