@@ -27,7 +27,8 @@ def _on_nvidia() -> bool:
     (torch.bfloat16, False, torch.bfloat16, 16),   # eight groups per block
     (torch.float16, False, torch.uint8, 4096),     # a group spanning blocks (per-channel)
 ])
-@pytest.mark.parametrize("block_m,rows,ahead,warps,by_x_sum,wait_prior", [(8, 16, 1, 4, False, False), (16, 32, 2, 8, True, True)])
+@pytest.mark.parametrize("block_m,rows,ahead,warps,by_x_sum,wait_prior", [(8, 16, 1, 4, False, False),
+                                                                            (16, 32, 2, 8, True, True)])
 def test_decode_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmetric, zeros_dtype, group_size, block_m, rows,
                                   ahead, warps, by_x_sum, wait_prior):
     decode = w4a16.gemm_decode

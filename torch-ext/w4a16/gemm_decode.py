@@ -9,10 +9,13 @@ output tile, and nothing is shared inside the loop:
     program   ROWS weight rows (16 or 32) and all of K; grid (cdiv(N, ROWS), cdiv(M, BLOCK_M))
     warp w    the K blocks w, w + WARPS, w + 2 WARPS, ... of those rows: its words, x's block, the scales and
               zeros go from global memory straight into registers, issued AHEAD blocks before their use (an
-              unrolled register ring); unpacked into mma.sync A fragments (one shr + lop3 per word and nibble pair, the layout making the rest register relabelling)
-              of q - z (integer or symmetric zeros: one more fma per word, exact), acc += s * ((q - z) . x) per
-              scale group; or of C + q, acc += s * ((C + q) . x) - s (z + C) sum(x), the x sums from MMAs on an
-              all-ones operand (exact for any zero: fractional zeros, or the plan option ZEROS_BY_X_SUM)
+              unrolled register ring); unpacked into mma.sync A fragments (one shr + lop3 per word and nibble
+              pair, the layout making the rest register relabelling) of q - z (integer or symmetric zeros: one
+              more fma per word, exact), acc += s * ((q - z) . x) per scale group; or of C + q, acc += s *
+              ((C + q) . x) - s (z + C) sum(x), the x sums from MMAs on an all-ones operand (exact for any zero:
+              fractional zeros, or the plan option ZEROS_BY_X_SUM)
+    act-order x gathered by gather.py first; with the plan option GATHER_PDL (sm_90+) the kernel is a programmatic
+              dependent of that gather and loads its first words before waiting for it
     end       the warps' fp32 tiles summed once through shared memory, y stored
 
 Operand orders (the MMA's k index is free as long as A and B agree): a warp's lane t (of 4) takes word columns
