@@ -73,12 +73,22 @@ def test_decode_refuses_what_it_cannot_run(w4a16, device):
             call()
 
 
-def test_runnable_row_falls_back_where_decode_cannot_run(w4a16):
-    fallback = {"path": "splitk", "BLOCK_N": 128, "BLOCK_M": 16, "SPLIT_K": 8, "num_warps": 4}
-    row = {"N": 4096, "K": 4096, "M": 1, "path": "decode", "num_warps": 4, "ROWS": 16, "FALLBACK": fallback}
+@pytest.mark.parametrize("path,row", [
+    ("decode", {"N": 4096, "K": 4096, "M": 1, "num_warps": 4, "ROWS": 16}),
+    ("pingpong", {"N": 4096, "K": 4096, "M": 256, "BLOCK_M": 128}),
+])
+def test_runnable_row_falls_back_where_a_gluon_kernel_cannot_run(w4a16, path, row):
+    """A Gluon path's entry runs where its kernel can (whatever the other Gluon kernel's availability), else the plan it
+    carries as FALLBACK (None without one); entries of the Triton paths run as they are."""
+    fallback = {"path": "tiled", "BLOCK_N": 128, "BLOCK_M": 64, "num_warps": 4}
+    row = {**row, "path": path, "FALLBACK": fallback}
+    other = "pingpong" if path == "decode" else "decode"
     runnable_row = w4a16.dispatch.runnable_row
-    assert runnable_row(row, {"decode": True, "pingpong": False}) is row
-    assert runnable_row(row, {"decode": False, "pingpong": True}) == fallback
+    assert runnable_row(row, {path: True, other: False}) is row
+    assert runnable_row(row, {path: False, other: True}) == fallback
+    assert runnable_row({**row, "FALLBACK": None}, {path: False, other: False}) is None
+    tiled = {"N": 4096, "K": 4096, "M": 64, "path": "tiled", "BLOCK_N": 128}
+    assert runnable_row(tiled, {path: False, other: False}) is tiled
 
 
 def test_shipped_gluon_entries_carry_a_runnable_fallback(w4a16):

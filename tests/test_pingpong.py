@@ -53,17 +53,6 @@ def test_spread_reduction_only_where_its_contributors_can_wait(w4a16):
     assert spread_split(132, 32, 32, True, 132) == 0  # a persistent Stream-K grid: segments end at different times
 
 
-def test_runnable_row_falls_back_where_pingpong_cannot_run(w4a16):
-    fallback = {"path": "tiled", "BLOCK_N": 128, "BLOCK_M": 64, "num_warps": 4}
-    row = {"N": 4096, "K": 4096, "M": 256, "path": "pingpong", "BLOCK_M": 128, "FALLBACK": fallback}
-    runnable_row = w4a16.dispatch.runnable_row
-    assert runnable_row(row, {"pingpong": True, "decode": False}) is row
-    assert runnable_row(row, {"pingpong": False, "decode": True}) == fallback
-    tiled = {"N": 4096, "K": 4096, "M": 64, "path": "tiled", "BLOCK_N": 128}
-    assert runnable_row(tiled, {"pingpong": False, "decode": False}) is tiled
-    assert runnable_row({**row, "FALLBACK": None}, {"pingpong": False, "decode": False}) is None
-
-
 def test_dispatcher_plans_the_fallback_of_a_pingpong_entry(w4a16, monkeypatch):
     """The H200 table's pingpong entry for 6144 x 4096 at M = 256, planned for a device where the Gluon kernel cannot
     run (here a CPU device named as an H200): the plan is the entry's FALLBACK, and its source says so."""

@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 PATHS = ("gemv", "splitk", "streamk", "tiled", "decode", "pingpong", "dense", "reference")
 TENSOR_CORE_PATHS = ("splitk", "streamk", "tiled")  # the paths of the tensor-core kernels (their options apply)
 GLUON_PATHS = ("decode", "pingpong")  # kernels written in Gluon: their tuned entries carry a FALLBACK plan
+GATHER_PDL_PATHS = TENSOR_CORE_PATHS + ("decode",)  # kernels that can wait for act-order's gather (griddepcontrol)
 _M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 _TUNED_DIR = Path(__file__).resolve().parent
 
@@ -158,9 +159,8 @@ def programmatic_launch(device: torch.device) -> bool:
 def _applicable(plan: Plan, act_order: bool, device: torch.device) -> Plan:
     """`plan` without the options that do not apply to this call, decided once per plan (not per call):
     GATHER_PDL (act-order's GEMM launched as a programmatic dependent of the gather of x) needs
-    act-order weights, a tensor-core or decode path and `programmatic_launch`; elsewhere it is dropped."""
-    if plan.config.get("GATHER_PDL") and not (act_order and plan.path in TENSOR_CORE_PATHS + ("decode",)
-                                              and programmatic_launch(device)):
+    act-order weights, a path of GATHER_PDL_PATHS and `programmatic_launch`; elsewhere it is dropped."""
+    if plan.config.get("GATHER_PDL") and not (act_order and plan.path in GATHER_PDL_PATHS and programmatic_launch(device)):
         return Plan(plan.path, {k: v for k, v in plan.config.items() if k != "GATHER_PDL"}, plan.source)
     return plan
 

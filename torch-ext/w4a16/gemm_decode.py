@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import torch
 
 from .dequant import MAGIC_PAIR, MAGIC_VALUE
-from .launch import COMPILE_OPTIONS, PreparedLaunch, RepeatLaunch, current_stream
+from .launch import TRITON_TYPE_NAMES, PreparedLaunch, RepeatLaunch, compile_gluon_for_sm90, current_stream
 from .layout import K_BLOCK, groups_per_block
 
 try:  # Gluon is experimental: absent before Triton 3.5, and its names move between releases
@@ -388,9 +388,10 @@ _TENSOR_ARGS = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr")
 _INT_ARGS = ("M", "N", "K", "group_size", "stride_xm", "stride_ym")
 
 
-def _checked_config(cfg: dict) -> dict:
-    """A decode plan's constexprs WARPS, ROWS, AHEAD, ZEROS_BY_X_SUM and WAIT_PRIOR (GATHER_PDL, which the dispatcher
-    keeps only for act-order weights on sm_90+), or a ValueError naming the entry the kernel cannot take."""
+def _launch_config(cfg: dict, block_m: int, in_features: int, group_size: int, symmetric: bool) -> tuple[dict, dict]:
+    """(constexprs, options) of `_decode_kernel` for a decode plan's configuration `cfg` (num_warps, ROWS, AHEAD,
+    maxnreg, ZEROS_BY_X_SUM, GATHER_PDL: WAIT_PRIOR and a programmatic launch, kept by the dispatcher only for act-order
+    weights on sm_90+) and a call's BLOCK_M and format, or a ValueError naming the entry the kernel cannot take."""
     warps, rows, ahead = cfg.get("num_warps", 4), cfg.get("ROWS", 16), cfg.get("AHEAD", 1)
     if rows not in DECODE_ROWS:
         raise ValueError(f"config ROWS must be one of {DECODE_ROWS} for path 'decode', got {rows!r}")
@@ -398,8 +399,13 @@ def _checked_config(cfg: dict) -> dict:
         raise ValueError(f"config num_warps must be a power of two <= 16 for path 'decode', got {warps!r}")
     if ahead not in (1, 2, 3):
         raise ValueError(f"config AHEAD must be 1, 2 or 3 for path 'decode', got {ahead!r}")
-    return dict(WARPS=warps, ROWS=rows, AHEAD=ahead, ZEROS_BY_X_SUM=bool(cfg.get("ZEROS_BY_X_SUM", False)),
-                WAIT_PRIOR=bool(cfg.get("GATHER_PDL", False)))
+    wait_prior = bool(cfg.get("GATHER_PDL", False))
+    constexprs = dict(WARPS=warps, ROWS=rows, BLOCK_M=block_m, AHEAD=ahead, SYMMETRIC=symmetric,
+                      GROUPS=groups_per_block(group_size, in_features), ZEROS_BY_X_SUM=bool(cfg.get("ZEROS_BY_X_SUM", False)),
+                      WAIT_PRIOR=wait_prior)
+    maxnreg = cfg.get("maxnreg")
+    options = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {}), **({"launch_pdl": True} if wait_prior else {})}
+    return constexprs, options
 
 
 def _decode_launch(plan, m: int, in_features: int, group_size: int, symmetric: bool) -> _DecodeLaunch:
@@ -409,13 +415,9 @@ def _decode_launch(plan, m: int, in_features: int, group_size: int, symmetric: b
     key = ("decode", block_m, in_features, group_size, symmetric)
     run = plan.launches.get(key)
     if run is None:
-        constexprs = _checked_config(plan.config)
+        constexprs, options = _launch_config(plan.config, block_m, in_features, group_size, symmetric)
         if not HAVE_GLUON:
             raise RuntimeError(_UNAVAILABLE)
-        constexprs.update(BLOCK_M=block_m, SYMMETRIC=symmetric, GROUPS=groups_per_block(group_size, in_features))
-        maxnreg = plan.config.get("maxnreg")
-        options = {"num_warps": constexprs["WARPS"], **({"maxnreg": maxnreg} if maxnreg else {}),
-                   **({"launch_pdl": True} if constexprs["WAIT_PRIOR"] else {})}
         run = plan.launches[key] = _DecodeLaunch(constexprs["ROWS"], block_m, PreparedLaunch(
             _decode_kernel, constexprs, options, _TENSOR_ARGS, _INT_ARGS))
     return run
@@ -425,7 +427,7 @@ _UNAVAILABLE = "w4a16: path 'decode' needs Gluon (Triton >= 3.5) and an NVIDIA G
 
 
 def launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int, plan, out=None) -> torch.Tensor:
-    """y = x2 @ W by `_decode_kernel` with the plan's (a dispatch.Plan) num_warps, ROWS, AHEAD and maxnreg."""
+    """y = x2 @ W by `_decode_kernel` with the plan's (a dispatch.Plan) configuration (`_launch_config`)."""
     return _launch_decode(x2, qweight, scales, zeros, in_features, group_size, plan, out, keep=False)[0]
 
 
@@ -468,25 +470,15 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 8, warps
                      symmetric: bool = False, zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None,
                      group_size: int = 128, maxnreg: int | None = None, in_features: int = 4096,
                      zeros_by_x_sum: bool = False, wait_prior: bool = False):
-    """Compile `_decode_kernel` for sm_90 without a GPU (CI runs this: Gluon API changes between Triton releases
-    surface here). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    type_names = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8"}
-    s_type = type_names[scales_dtype or dtype]
-    signature = {"x_ptr": f"*{type_names[dtype]}", "qw_ptr": "*i32", "s_ptr": f"*{s_type}",
-                 "z_ptr": f"*{s_type if symmetric else type_names[zeros_dtype]}", "y_ptr": f"*{type_names[dtype]}",
-                 "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_xm": "i32", "stride_ym": "i32"}
-    constexprs = dict(WARPS=warps, ROWS=rows, BLOCK_M=block_m, AHEAD=ahead, SYMMETRIC=symmetric,
-                      GROUPS=groups_per_block(group_size, in_features), ZEROS_BY_X_SUM=zeros_by_x_sum,
-                      WAIT_PRIOR=wait_prior)
-    names = list(signature) + list(constexprs)
-    signature.update({name: "constexpr" for name in constexprs})
+    """Compile `_decode_kernel` for sm_90 without a GPU, with the constexprs and options a launch of that plan
+    configuration would take (`_launch_config`). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
+    cfg = {"num_warps": warps, "ROWS": rows, "AHEAD": ahead, "ZEROS_BY_X_SUM": zeros_by_x_sum, "GATHER_PDL": wait_prior,
+           **({"maxnreg": maxnreg} if maxnreg else {})}
+    constexprs, options = _launch_config(cfg, block_m, in_features, group_size, symmetric)
+    s_type = TRITON_TYPE_NAMES[scales_dtype or dtype]
+    signature = {"x_ptr": f"*{TRITON_TYPE_NAMES[dtype]}", "qw_ptr": "*i32", "s_ptr": f"*{s_type}",
+                 "z_ptr": f"*{s_type if symmetric else TRITON_TYPE_NAMES[zeros_dtype]}", "y_ptr": f"*{TRITON_TYPE_NAMES[dtype]}",
+                 **{name: "i32" for name in _INT_ARGS}}
     # (what a launch specialises on: 16-byte aligned tensors, ints divisible by 16)
-    attrs = {(names.index(a),): [["tt.divisibility", 16]]
-             for a in ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr", "N", "K", "stride_xm", "stride_ym")}
-    source = GluonASTSource(_decode_kernel, signature, {(names.index(key),): v for key, v in constexprs.items()}, attrs)
-    options = {**COMPILE_OPTIONS, "num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {})}
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    return compile_gluon_for_sm90(_decode_kernel, signature, constexprs, _TENSOR_ARGS + ("N", "K", "stride_xm", "stride_ym"),
+                                  options)

@@ -52,7 +52,8 @@ import torch
 import triton
 
 from .dequant import MAGIC_PAIR, MAGIC_VALUE
-from .launch import COMPILE_OPTIONS, PreparedLaunch, RepeatLaunch, current_stream, split_k_scratch, workspace_entry
+from .launch import (COMPILE_OPTIONS, TRITON_TYPE_NAMES, PreparedLaunch, RepeatLaunch, compile_gluon_for_sm90, current_stream,
+                     split_k_scratch, workspace_entry)
 from .layout import K_BLOCK, groups_per_block
 
 try:  # Gluon is experimental: absent before Triton 3.5, and its names move between releases
@@ -600,20 +601,15 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, sta
     """Compile `_pingpong_kernel` for sm_90 without a GPU (CI runs this: Gluon API changes between Triton releases
     surface here). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
     from triton._C.libtriton import native_specialize_impl
-    from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import CUDABackend
-    from triton.experimental.gluon._runtime import GluonASTSource
 
-    type_names = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8"}
+    types = TRITON_TYPE_NAMES
     desc_kind, _ = native_specialize_impl(CUDABackend, _x_descriptor(torch.empty(block_m, 256, dtype=dtype), block_m), False, True, True)
-    signature = {"x_desc": desc_kind, "qw_ptr": "*i32", "s_ptr": f"*{type_names[scales_dtype or dtype]}",
-                 "z_ptr": f"*{type_names[(scales_dtype or dtype) if symmetric else zeros_dtype]}",
-                 "y_ptr": f"*{type_names[dtype]}", "part_ptr": "*fp32", "lock_ptr": "*i32",
+    signature = {"x_desc": desc_kind, "qw_ptr": "*i32", "s_ptr": f"*{types[scales_dtype or dtype]}",
+                 "z_ptr": f"*{types[(scales_dtype or dtype) if symmetric else zeros_dtype]}",
+                 "y_ptr": f"*{types[dtype]}", "part_ptr": "*fp32", "lock_ptr": "*i32",
                  "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_ym": "i32"}
     constexprs = {"BLOCK_M": block_m, "STAGES": stages, "SYMMETRIC": symmetric, "GROUPS": groups,
                   "CONSUMERS": consumers, "SHARED_TILES": shared_tiles, "UNPACK_AHEAD": unpack_ahead, "SPREAD": spread}
-    names = list(signature) + list(constexprs)
-    signature.update({name: "constexpr" for name in constexprs})
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in ("qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr", "N", "K")}
-    source = GluonASTSource(_pingpong_kernel, signature, {(names.index(k),): v for k, v in constexprs.items()}, attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=_compile_options(maxnreg))
+    return compile_gluon_for_sm90(_pingpong_kernel, signature, constexprs,
+                                  ("qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr", "N", "K"), _compile_options(maxnreg))

@@ -1,5 +1,5 @@
-"""Launch plumbing for the Triton kernels of gemm.py and the Gluon kernel of gemm_pingpong.py: per-stream
-split-K scratch and a repeat-launch fast path. No kernels here; nothing here changes what a kernel computes.
+"""Launch plumbing for the Triton kernels of gemm.py and the Gluon kernels of gemm_decode.py and gemm_pingpong.py:
+per-stream split-K scratch and a repeat-launch fast path. No kernels here; nothing here changes what a kernel computes.
 
 - `COMPILE_OPTIONS`: the compile options every kernel is built with, stated, so that a Triton release that
   changes a default does not change the code a kernel compiles to.
@@ -12,6 +12,8 @@ split-K scratch and a repeat-launch fast path. No kernels here; nothing here cha
   be repeated with new addresses for some of its tensors (and new TMA descriptors).
 - `RepeatLaunch`: a GEMM's `BoundLaunch` with its output allocation and alignment checks: the eager
   repeat call's host path (`matmul.matmul_weight`).
+- `compile_gluon_for_sm90`: a Gluon kernel compiled for sm_90 without a GPU, as a launch would specialise it (the
+  CI check of the Gluon kernels, `compile_for_sm90` of gemm_decode.py and gemm_pingpong.py).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 import triton
 
 __all__ = ["COMPILE_OPTIONS", "COUNTER_SLOT", "split_k_scratch", "workspace_entry", "current_stream", "PreparedLaunch",
-           "BoundLaunch", "RepeatLaunch"]
+           "BoundLaunch", "RepeatLaunch", "TRITON_TYPE_NAMES", "compile_gluon_for_sm90"]
 
 
 # Compile options every kernel of the package is built with, stated rather than left to Triton's defaults:
@@ -252,3 +254,22 @@ class RepeatLaunch:
         else:
             self.launch(addresses + (self.x_descriptor(x2),))
         return y
+
+
+TRITON_TYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8"}
+
+
+def compile_gluon_for_sm90(kernel, signature: dict, constexprs: dict, divisible: tuple, options: dict):
+    """`kernel` (a Gluon JIT function) compiled for sm_90 on any machine (no GPU: Gluon API changes between Triton
+    releases surface here, in CI). `signature`: each runtime parameter's Triton type ("*fp16", "i32", a TMA descriptor's
+    kind); `constexprs`: the others' values; `divisible`: the parameters a launch specialises as 16-byte aligned /
+    divisible by 16; `options`: compile options on top of COMPILE_OPTIONS. Returns Triton's compiled kernel (asm:
+    ttgir, ptx, cubin)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    names = kernel.arg_names  # (positions as the kernel declares its parameters)
+    full_signature = {name: signature[name] if name in signature else "constexpr" for name in names}
+    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in divisible}
+    source = GluonASTSource(kernel, full_signature, {(names.index(name),): v for name, v in constexprs.items()}, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={**COMPILE_OPTIONS, **options})
