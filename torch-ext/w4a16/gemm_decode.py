@@ -361,11 +361,14 @@ if HAVE_GLUON:
                                         SYMMETRIC, ZERO_IN_OPERAND)
         # the warps' K shares summed through shared memory (by hand: gl.sum's combine function is a Triton function,
         # which a Gluon kernel cannot call under the interpreter's patching, where CI compiles it)
+        # read back with the [ROWS, BLOCK_M] tile spread over all the program's threads (rows on lanes, tokens over
+        # the warps): a thread sums one or two outputs' WARPS shares (a layout replicated over the warps made every
+        # thread sum all BLOCK_M tokens' columns, 6x the epilogue's instructions at M = 2: NOTES v29)
         shares = gl.allocate_shared_memory(gl.float32, [WARPS * ROWS, BLOCK_M],
                                            gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
         shares.store(gl.reshape(acc, [WARPS * ROWS, BLOCK_M]))
         _cta_barrier()
-        out: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [WARPS, 1], [0, 1])
+        out: gl.constexpr = gl.BlockedLayout([1, 1], [ROWS, 32 // ROWS], [1, WARPS], [0, 1])
         total = shares.slice(0, ROWS).load(out)
         for w in gl.static_range(1, WARPS):
             total += shares.slice(w * ROWS, ROWS).load(out)
