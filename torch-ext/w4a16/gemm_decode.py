@@ -360,10 +360,10 @@ if HAVE_GLUON:
                             acc = _fold(acc, part, x_sum, scales[h * PIECES + i], zeros[h * PIECES + i], valid, C,
                                         SYMMETRIC, ZERO_IN_OPERAND)
         # the warps' K shares summed through shared memory (by hand: gl.sum's combine function is a Triton function,
-        # which a Gluon kernel cannot call under the interpreter's patching, where CI compiles it)
-        # read back with the [ROWS, BLOCK_M] tile spread over all the program's threads (rows on lanes, tokens over
-        # the warps): a thread sums one or two outputs' WARPS shares (a layout replicated over the warps made every
-        # thread sum all BLOCK_M tokens' columns, 6x the epilogue's instructions at M = 2: NOTES v29)
+        # which a Gluon kernel cannot call under the interpreter's patching, where CI compiles it), read back as the
+        # [ROWS, BLOCK_M] tile spread over the program's threads (rows on lanes, tokens over the warps), so a thread
+        # sums one or two outputs' WARPS shares (a read-back layout replicated over the warps had every thread sum all
+        # BLOCK_M tokens' columns: 6x the epilogue's instructions at M = 2, NOTES v29)
         shares = gl.allocate_shared_memory(gl.float32, [WARPS * ROWS, BLOCK_M],
                                            gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
         shares.store(gl.reshape(acc, [WARPS * ROWS, BLOCK_M]))
