@@ -6,6 +6,7 @@ NVIDIA GPU (sm_80+) it runs against the float64 reference of test_gemm.py.
 """
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,9 @@ def test_decode_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmet
                                        maxnreg=128, zeros_by_x_sum=by_x_sum, wait_prior=wait_prior)
     ptx = compiled.asm["ptx"]
     assert ("griddepcontrol.wait" in ptx) == wait_prior  # GATHER_PDL: x read only after act-order's gather
+    if wait_prior:  # ... and the words of all AHEAD prologue steps (rows / 8 16-byte loads a thread each) before it
+        before_wait = ptx[:ptx.index("griddepcontrol.wait")]
+        assert len(re.findall(r"ld\.global[^;\n]*\.v4", before_wait)) == ahead * rows // 8
     # integer and symmetric zeros are subtracted in the operand (fma.rn.f16x2 / bf16x2) unless ZEROS_BY_X_SUM;
     # fractional zeros always go through the x sums
     kind = "f16" if dtype == torch.float16 else "bf16"
@@ -149,6 +153,9 @@ def test_decode_act_order_and_unaligned_x(w4a16):
     # launched as a programmatic dependent of the gather (sm_90+; elsewhere the dispatcher drops the option)
     assert_path_matches_reference(w4a16, weight, ref, ("decode", {"ROWS": 32, "GATHER_PDL": True}), torch.float16, "cuda",
                                   (1, 5, 16), seed=73)
+    # ... with three steps' weights loaded before the wait (AHEAD 3)
+    assert_path_matches_reference(w4a16, weight, ref, ("decode", {"ROWS": 16, "AHEAD": 3, "GATHER_PDL": True}),
+                                  torch.float16, "cuda", (1, 5, 16), seed=74)
     plain, ref = random_layer(w4a16, 256, 64, 128, False, torch.float16, "cuda", seed=73)
     wide = torch.randn(3, 257, dtype=torch.float16, device="cuda")
     x = wide[:, 1:]  # rows start 2 bytes past an aligned address, stride 257 elements

@@ -15,7 +15,7 @@ output tile, and nothing is shared inside the loop:
               ((C + q) . x) - s (z + C) sum(x), the x sums from MMAs on an all-ones operand (exact for any zero:
               fractional zeros, or the plan option ZEROS_BY_X_SUM)
     act-order x gathered by gather.py first; with the plan option GATHER_PDL (sm_90+) the kernel is a programmatic
-              dependent of that gather and loads its first words before waiting for it
+              dependent of that gather and loads the weights of its first AHEAD blocks before waiting for it
     end       the warps' fp32 tiles summed once through shared memory, y stored
 
 Operand orders (the MMA's k index is free as long as A and B agree): a warp's lane t (of 4) takes word columns
@@ -187,22 +187,26 @@ if HAVE_GLUON:
         return (z | (z << 16)) + MAGIC | 0x80008000
 
     @gluon.jit
-    def _load_step(qw_base, x_base, s_base, z_base, step, kb_w, kb_x, kb_p, kb_z, num_kb, N, group_size,
-                   WARPS: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, ZERO_IN_OPERAND: gl.constexpr,
-                   MAGIC: gl.constexpr, WAIT_PRIOR: gl.constexpr = False):
-        """Block kb = step * WARPS + w of each warp w: its words, x's block (32-bit row pairs), and its GROUPS
-        scale groups' scales (fp32) and zeros for the rows: fp32 for the fold, or with ZERO_IN_OPERAND the -(C + z)
-        pairs in the words' row layout (kb_z; constant when SYMMETRIC, so not loaded); when SYMMETRIC without
-        ZERO_IN_OPERAND the zero is the scale again, never used. No masks (a masked load costs a zeroing move per
-        register): a block past K reads the last block again and is dropped by its scale (the kernel zeroes it);
-        rows past N and tokens past M are clamped (never stored). WAIT_PRIOR (the kernel's first step when it runs as a
-        programmatic dependent of the gather of x): the words are loaded, then the gather waited for, then x."""
-        words = gl.load(qw_base + gl.minimum(step * WARPS + kb_w, num_kb - 1) * 1024)
+    def _load_words(qw_base, step, kb_w, num_kb, WARPS: gl.constexpr):
+        """The words of block kb = step * WARPS + w of each warp w (a block past K reads the last block again)."""
+        return gl.load(qw_base + gl.minimum(step * WARPS + kb_w, num_kb - 1) * 1024)
+
+    @gluon.jit
+    def _load_x(x_base, step, kb_x, num_kb, WARPS: gl.constexpr, WAIT_PRIOR: gl.constexpr):
+        """x's block kb = step * WARPS + w as 32-bit row pairs (tokens past M clamped by x_base). WAIT_PRIOR: first
+        wait for the grid this kernel is a programmatic dependent of (act-order's gather, which writes x)."""
         x_offset = gl.minimum(step * WARPS + kb_x, num_kb - 1) * 64
         if WAIT_PRIOR:  # x's addresses come out of the wait, so no x load can be placed before it
             x_offset = gl.inline_asm_elementwise("griddepcontrol.wait; mov.b32 $0, $1;", "=r,r", [x_offset],
                                                  dtype=gl.int32, is_pure=False, pack=1)
-        x = gl.load(x_base + x_offset)
+        return gl.load(x_base + x_offset)
+
+    @gluon.jit
+    def _load_params(s_base, z_base, step, kb_p, kb_z, num_kb, N, group_size, WARPS: gl.constexpr,
+                     SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, ZERO_IN_OPERAND: gl.constexpr):
+        """Block kb = step * WARPS + w's GROUPS scale groups: the rows' scales (fp32) and zeros: fp32 for the fold, or
+        with ZERO_IN_OPERAND the integer zeros in the words' row layout (kb_z; constant when SYMMETRIC, so not
+        loaded); when SYMMETRIC without ZERO_IN_OPERAND the zero is the scale again, never used."""
         kb = gl.minimum(step * WARPS + kb_p, num_kb - 1)
         scales = ()
         zeros = ()
@@ -220,6 +224,19 @@ if HAVE_GLUON:
                 zeros = zeros + (s,)
             else:
                 zeros = zeros + (gl.load(z_base + g * N).to(gl.float32),)
+        return scales, zeros
+
+    @gluon.jit
+    def _load_step(qw_base, x_base, s_base, z_base, step, kb_w, kb_x, kb_p, kb_z, num_kb, N, group_size,
+                   WARPS: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, ZERO_IN_OPERAND: gl.constexpr):
+        """Block kb = step * WARPS + w of each warp w: (words, x, scales, zeros), as `_load_words`, `_load_x` and
+        `_load_params` say. No masks (a masked load costs a zeroing move per register): a block past K reads the
+        last block again and is dropped by its scale (the kernel zeroes it); rows past N and tokens past M are
+        clamped (never stored)."""
+        words = _load_words(qw_base, step, kb_w, num_kb, WARPS)
+        x = _load_x(x_base, step, kb_x, num_kb, WARPS, False)
+        scales, zeros = _load_params(s_base, z_base, step, kb_p, kb_z, num_kb, N, group_size, WARPS, SYMMETRIC, GROUPS,
+                                     ZERO_IN_OPERAND)
         return words, x, scales, zeros
 
     @gluon.jit
@@ -302,16 +319,24 @@ if HAVE_GLUON:
         # AHEAD + 1 so that every slot is refilled in place (a loop-carried tuple rotated by one costs a move per
         # register)
         ring = ()
-        for j in gl.static_range(AHEAD):
-            ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, kb_p, kb_z, num_kb, N, group_size,
-                                      WARPS, SYMMETRIC, GROUPS, ZERO_IN_OPERAND, MAGIC, WAIT_PRIOR and j == 0),)
+        if WAIT_PRIOR:  # every weight load of the first AHEAD steps goes out before the wait for the gather of x
+            early = ()
+            for j in gl.static_range(AHEAD):
+                early = early + ((_load_words(qw_base, j, kb_w, num_kb, WARPS),) + _load_params(
+                    s_base, z_base, j, kb_p, kb_z, num_kb, N, group_size, WARPS, SYMMETRIC, GROUPS, ZERO_IN_OPERAND),)
+            for j in gl.static_range(AHEAD):
+                ring = ring + ((early[j][0], _load_x(x_base, j, kb_x, num_kb, WARPS, j == 0), early[j][1], early[j][2]),)
+        else:
+            for j in gl.static_range(AHEAD):
+                ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, kb_p, kb_z, num_kb, N,
+                                          group_size, WARPS, SYMMETRIC, GROUPS, ZERO_IN_OPERAND),)
         ones = gl.full([WARPS, ROWS, 64 // PIECES], 1.0, dtype, layout=a_layout)  # (x sums: unused with ZERO_IN_OPERAND)
         acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
         zero_acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
         for i0 in range(0, steps, AHEAD + 1):
             for j in gl.static_range(AHEAD + 1):
                 fresh = _load_step(qw_base, x_base, s_base, z_base, i0 + j + AHEAD, kb_w, kb_x, kb_p, kb_z, num_kb, N,
-                                   group_size, WARPS, SYMMETRIC, GROUPS, ZERO_IN_OPERAND, MAGIC)
+                                   group_size, WARPS, SYMMETRIC, GROUPS, ZERO_IN_OPERAND)
                 if j == 0:
                     current = ring[0]
                     extra = fresh
