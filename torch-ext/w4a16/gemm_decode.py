@@ -322,8 +322,10 @@ if HAVE_GLUON:
         if WAIT_PRIOR:  # every weight load of the first AHEAD steps goes out before the wait for the gather of x
             early = ()
             for j in gl.static_range(AHEAD):
-                early = early + ((_load_words(qw_base, j, kb_w, num_kb, WARPS),) + _load_params(
-                    s_base, z_base, j, kb_p, kb_z, num_kb, N, group_size, WARPS, SYMMETRIC, GROUPS, ZERO_IN_OPERAND),)
+                words = _load_words(qw_base, j, kb_w, num_kb, WARPS)
+                scales, zeros = _load_params(s_base, z_base, j, kb_p, kb_z, num_kb, N, group_size, WARPS, SYMMETRIC,
+                                             GROUPS, ZERO_IN_OPERAND)
+                early = early + ((words, scales, zeros),)
             for j in gl.static_range(AHEAD):
                 ring = ring + ((early[j][0], _load_x(x_base, j, kb_x, num_kb, WARPS, j == 0), early[j][1], early[j][2]),)
         else:
