@@ -243,8 +243,8 @@ if HAVE_GLUON:
     def _fold(acc, part, x_sum, s, z, valid, C: gl.constexpr, SYMMETRIC: gl.constexpr, ZERO_IN_OPERAND: gl.constexpr):
         """acc += s * part - s * (z + C) * x_sum for one scale group's rows of a block: part = sum_k (C + q) x and
         x_sum = sum_k x, both from MMAs (exact products, fp32 sums), so any zero (fractional too) enters exactly.
-        With ZERO_IN_OPERAND part is sum_k (q - z) x already: acc += s * part. A block that is not `valid` (past K)
-        adds nothing."""
+        With ZERO_IN_OPERAND part is sum_k (q - z) x already (x_sum None): acc += s * part. A block that is not `valid`
+        (past K) adds nothing."""
         s = gl.where(valid, s, 0.0)
         acc += gl.expand_dims(s, 2) * part
         if not ZERO_IN_OPERAND:
@@ -370,9 +370,8 @@ if HAVE_GLUON:
                     xb0 = _operand_x(x_halves[0], b_layout, dtype, 1)[0]
                     xb1 = _operand_x(x_halves[1], b_layout, dtype, 1)[0]
                     part = mma_v2(a1, xb1, mma_v2(a0, xb0, zero_acc))
-                    x_sum = zero_acc
-                    if not ZERO_IN_OPERAND:
-                        x_sum = mma_v2(ones, xb1, mma_v2(ones, xb0, zero_acc))  # sum_k x, in every row
+                    # sum_k x in every row (not needed when the zero is in the operand)
+                    x_sum = None if ZERO_IN_OPERAND else mma_v2(ones, xb1, mma_v2(ones, xb0, zero_acc))
                     acc = _fold(acc, part, x_sum, scales[0], zeros[0], valid, C, SYMMETRIC, ZERO_IN_OPERAND)
                 else:
                     for h in gl.static_range(2):
@@ -381,9 +380,7 @@ if HAVE_GLUON:
                         xbs = _operand_x(x_halves[h], b_layout, dtype, PIECES)
                         for i in gl.static_range(PIECES):  # piece i of half h: the block's scale group h * PIECES + i
                             part = mma_v2(operands[i], xbs[i], zero_acc)
-                            x_sum = zero_acc
-                            if not ZERO_IN_OPERAND:
-                                x_sum = mma_v2(ones, xbs[i], zero_acc)
+                            x_sum = None if ZERO_IN_OPERAND else mma_v2(ones, xbs[i], zero_acc)
                             acc = _fold(acc, part, x_sum, scales[h * PIECES + i], zeros[h * PIECES + i], valid, C,
                                         SYMMETRIC, ZERO_IN_OPERAND)
         # the warps' K shares summed through shared memory (by hand: gl.sum's combine function is a Triton function,
