@@ -48,6 +48,7 @@ def test_decode_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmet
     assert (f"fma.rn.{kind}x2" in ptx) == ((symmetric or zeros_dtype == torch.uint8) and not by_x_sum)
     assert f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32" in ptx  # tensor cores, fp32 accumulation
     assert "atom." not in ptx  # no split-K counters: a program owns its output rows
+    assert not re.search(r"\b(div|rem)\.", ptx)  # scale groups by constexpr divisors (BLOCKS_PER_GROUP), not a runtime one
     assert "ld.shared" in ptx and ptx.count("bar.sync") <= 4  # shared memory only for the warps' final sum
     assert compiled.metadata.enable_fp_fusion  # launch.COMPILE_OPTIONS reached the compiler
 
@@ -116,6 +117,7 @@ def test_shipped_gluon_entries_carry_a_runnable_fallback(w4a16):
 @pytest.mark.parametrize("k,n,group_size,symmetric,fractional", [
     (512, 200, 128, False, False),   # N off the 16 / 32-row program
     (1024, 136, 256, True, False),   # group 256 (one group over two blocks), symmetric
+    (1152, 48, 384, False, False),   # group 384: three blocks per group (a divisor that is no power of two)
     (384, 72, -1, False, False),     # per-channel
     (384, 64, 128, False, True),     # fractional zeros
     (256, 40, 64, True, False),      # group 64: two groups per 128-row block

@@ -172,12 +172,14 @@ if HAVE_GLUON:
         return operands
 
     @gluon.jit
-    def _group(kb, j, group_size, GROUPS: gl.constexpr):
-        """The scale group of group piece j of block kb."""
-        if GROUPS == 1:
-            g = (kb * 128) // group_size  # one group spans the block (G a multiple of 128, or per-channel)
-        else:
+    def _group(kb, j, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr):
+        """The scale group of group piece j of block kb (`_launch_config` says what GROUPS and BLOCKS_PER_GROUP are)."""
+        if GROUPS > 1:
             g = kb * GROUPS + j
+        elif BLOCKS_PER_GROUP == 0:  # per-channel: one group spans K
+            g = kb * 0
+        else:  # a constexpr divisor: a shift or a multiply-high, not the runtime division of a group-size argument
+            g = kb // BLOCKS_PER_GROUP
         return g
 
     @gluon.jit
@@ -202,8 +204,8 @@ if HAVE_GLUON:
         return gl.load(x_base + x_offset)
 
     @gluon.jit
-    def _load_params(s_base, z_base, step, kb_p, kb_z, num_kb, N, group_size, WARPS: gl.constexpr,
-                     SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, ZERO_IN_OPERAND: gl.constexpr):
+    def _load_params(s_base, z_base, step, kb_p, kb_z, num_kb, N, WARPS: gl.constexpr, SYMMETRIC: gl.constexpr,
+                     GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr, ZERO_IN_OPERAND: gl.constexpr):
         """Block kb = step * WARPS + w's GROUPS scale groups: the rows' scales (fp32) and zeros: fp32 for the fold, or
         with ZERO_IN_OPERAND the integer zeros in the words' row layout (kb_z; constant when SYMMETRIC, so not
         loaded); when SYMMETRIC without ZERO_IN_OPERAND the zero is the scale again, never used."""
@@ -211,7 +213,7 @@ if HAVE_GLUON:
         scales = ()
         zeros = ()
         for j in gl.static_range(GROUPS):
-            g = _group(kb, j, group_size, GROUPS)
+            g = _group(kb, j, GROUPS, BLOCKS_PER_GROUP)
             s = gl.load(s_base + g * N).to(gl.float32)  # (carried as fp32: 16-bit values cost permutes)
             scales = scales + (s,)
             if ZERO_IN_OPERAND:
@@ -219,7 +221,7 @@ if HAVE_GLUON:
                     zeros = zeros + (gl.full(kb_z.shape, 8, gl.uint32, layout=kb_z.type.layout),)
                 else:
                     kbz = gl.minimum(step * WARPS + kb_z, num_kb - 1)
-                    zeros = zeros + (gl.load(z_base + _group(kbz, j, group_size, GROUPS) * N),)
+                    zeros = zeros + (gl.load(z_base + _group(kbz, j, GROUPS, BLOCKS_PER_GROUP) * N),)
             elif SYMMETRIC:
                 zeros = zeros + (s,)
             else:
@@ -227,16 +229,17 @@ if HAVE_GLUON:
         return scales, zeros
 
     @gluon.jit
-    def _load_step(qw_base, x_base, s_base, z_base, step, kb_w, kb_x, kb_p, kb_z, num_kb, N, group_size,
-                   WARPS: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, ZERO_IN_OPERAND: gl.constexpr):
+    def _load_step(qw_base, x_base, s_base, z_base, step, kb_w, kb_x, kb_p, kb_z, num_kb, N, WARPS: gl.constexpr,
+                   SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr,
+                   ZERO_IN_OPERAND: gl.constexpr):
         """Block kb = step * WARPS + w of each warp w: (words, x, scales, zeros), as `_load_words`, `_load_x` and
         `_load_params` say. No masks (a masked load costs a zeroing move per register): a block past K reads the
         last block again and is dropped by its scale (the kernel zeroes it); rows past N and tokens past M are
         clamped (never stored)."""
         words = _load_words(qw_base, step, kb_w, num_kb, WARPS)
         x = _load_x(x_base, step, kb_x, num_kb, WARPS, False)
-        scales, zeros = _load_params(s_base, z_base, step, kb_p, kb_z, num_kb, N, group_size, WARPS, SYMMETRIC, GROUPS,
-                                     ZERO_IN_OPERAND)
+        scales, zeros = _load_params(s_base, z_base, step, kb_p, kb_z, num_kb, N, WARPS, SYMMETRIC, GROUPS,
+                                     BLOCKS_PER_GROUP, ZERO_IN_OPERAND)
         return words, x, scales, zeros
 
     @gluon.jit
@@ -256,12 +259,13 @@ if HAVE_GLUON:
         return acc
 
     @gluon.jit
-    def _decode_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, M, N, K, group_size, stride_xm, stride_ym,
+    def _decode_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
                        WARPS: gl.constexpr, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, AHEAD: gl.constexpr,
-                       SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, ZEROS_BY_X_SUM: gl.constexpr,
-                       WAIT_PRIOR: gl.constexpr):
+                       SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr,
+                       ZEROS_BY_X_SUM: gl.constexpr, WAIT_PRIOR: gl.constexpr):
         """y[M, N] = x[M, K] @ W: see the module docstring. GROUPS: scale groups per 128-row block
-        (`layout.groups_per_block`: 1 when a group spans the block). ZEROS_BY_X_SUM: integer and symmetric zeros
+        (`layout.groups_per_block`: 1 when a group spans the block); BLOCKS_PER_GROUP: blocks per group then (0:
+        per-channel). ZEROS_BY_X_SUM: integer and symmetric zeros
         folded through the x sums too (as fractional zeros are). WAIT_PRIOR: launched as a programmatic dependent of
         act-order's gather of x (plan option GATHER_PDL): x's loads wait for it (griddepcontrol.wait); the words,
         scales and zeros of the first blocks need not."""
@@ -323,22 +327,22 @@ if HAVE_GLUON:
             early = ()
             for j in gl.static_range(AHEAD):
                 words = _load_words(qw_base, j, kb_w, num_kb, WARPS)
-                scales, zeros = _load_params(s_base, z_base, j, kb_p, kb_z, num_kb, N, group_size, WARPS, SYMMETRIC,
-                                             GROUPS, ZERO_IN_OPERAND)
+                scales, zeros = _load_params(s_base, z_base, j, kb_p, kb_z, num_kb, N, WARPS, SYMMETRIC, GROUPS,
+                                             BLOCKS_PER_GROUP, ZERO_IN_OPERAND)
                 early = early + ((words, scales, zeros),)
             for j in gl.static_range(AHEAD):
                 ring = ring + ((early[j][0], _load_x(x_base, j, kb_x, num_kb, WARPS, j == 0), early[j][1], early[j][2]),)
         else:
             for j in gl.static_range(AHEAD):
-                ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, kb_p, kb_z, num_kb, N,
-                                          group_size, WARPS, SYMMETRIC, GROUPS, ZERO_IN_OPERAND),)
+                ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, kb_p, kb_z, num_kb, N, WARPS,
+                                          SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND),)
         ones = gl.full([WARPS, ROWS, 64 // PIECES], 1.0, dtype, layout=a_layout)  # (x sums: unused with ZERO_IN_OPERAND)
         acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
         zero_acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
         for i0 in range(0, steps, AHEAD + 1):
             for j in gl.static_range(AHEAD + 1):
                 fresh = _load_step(qw_base, x_base, s_base, z_base, i0 + j + AHEAD, kb_w, kb_x, kb_p, kb_z, num_kb, N,
-                                   group_size, WARPS, SYMMETRIC, GROUPS, ZERO_IN_OPERAND)
+                                   WARPS, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND)
                 if j == 0:
                     current = ring[0]
                     extra = fresh
@@ -412,7 +416,7 @@ class _DecodeLaunch:
 
 
 _TENSOR_ARGS = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr")
-_INT_ARGS = ("M", "N", "K", "group_size", "stride_xm", "stride_ym")
+_INT_ARGS = ("M", "N", "K", "stride_xm", "stride_ym")
 
 
 def _launch_config(cfg: dict, block_m: int, in_features: int, group_size: int, symmetric: bool) -> tuple[dict, dict]:
@@ -427,8 +431,12 @@ def _launch_config(cfg: dict, block_m: int, in_features: int, group_size: int, s
     if ahead not in (1, 2, 3):
         raise ValueError(f"config AHEAD must be 1, 2 or 3 for path 'decode', got {ahead!r}")
     wait_prior = bool(cfg.get("GATHER_PDL", False))
-    constexprs = dict(WARPS=warps, ROWS=rows, BLOCK_M=block_m, AHEAD=ahead, SYMMETRIC=symmetric,
-                      GROUPS=groups_per_block(group_size, in_features), ZEROS_BY_X_SUM=bool(cfg.get("ZEROS_BY_X_SUM", False)),
+    groups = groups_per_block(group_size, in_features)
+    # K blocks per scale group where a group spans blocks: G / 128, or 0 for one group spanning K (per-channel, not
+    # specialised on K); unused (1) where a block holds several groups
+    blocks_per_group = 1 if groups > 1 else (0 if group_size == in_features else group_size // K_BLOCK)
+    constexprs = dict(WARPS=warps, ROWS=rows, BLOCK_M=block_m, AHEAD=ahead, SYMMETRIC=symmetric, GROUPS=groups,
+                      BLOCKS_PER_GROUP=blocks_per_group, ZEROS_BY_X_SUM=bool(cfg.get("ZEROS_BY_X_SUM", False)),
                       WAIT_PRIOR=wait_prior)
     maxnreg = cfg.get("maxnreg")
     options = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {}), **({"launch_pdl": True} if wait_prior else {})}
@@ -484,7 +492,7 @@ def _launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int
     y = torch.empty((m, n), device=x2.device, dtype=x2.dtype) if out is None else out
     grid = (-(-n // run.rows), -(-m // run.block_m))
     tensors = (x2, qweight, scales, scales if zeros is None else zeros, y)
-    ints = (m, n, k, group_size, x2.stride(0), y.stride(0))
+    ints = (m, n, k, x2.stride(0), y.stride(0))
     stream = current_stream(x2.device)
     run.prepared(grid, tensors, ints, stream)
     bound = run.prepared.bind(grid, tensors, ints, stream, _REPEAT_SLOTS) if keep else None
