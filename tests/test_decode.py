@@ -28,15 +28,15 @@ def _on_nvidia() -> bool:
     (torch.bfloat16, False, torch.bfloat16, 16),   # eight groups per block
     (torch.float16, False, torch.uint8, 4096),     # a group spanning blocks (per-channel)
 ])
-@pytest.mark.parametrize("block_m,rows,ahead,warps,by_x_sum,wait_prior", [(8, 16, 1, 4, False, False),
-                                                                            (16, 32, 2, 8, True, True)])
+@pytest.mark.parametrize("block_m,rows,ahead,warps,by_x_sum,wait_prior,adjacent", [(8, 16, 1, 4, False, False, False),
+                                                                                     (16, 32, 2, 8, True, True, True)])
 def test_decode_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmetric, zeros_dtype, group_size, block_m, rows,
-                                  ahead, warps, by_x_sum, wait_prior):
+                                  ahead, warps, by_x_sum, wait_prior, adjacent):
     decode = w4a16.gemm_decode
     if not decode.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     compiled = decode.compile_for_sm90(dtype, block_m, warps, rows, ahead, symmetric, zeros_dtype, group_size=group_size,
-                                       maxnreg=128, zeros_by_x_sum=by_x_sum, wait_prior=wait_prior)
+                                       maxnreg=128, zeros_by_x_sum=by_x_sum, wait_prior=wait_prior, adjacent_rows=adjacent)
     ptx = compiled.asm["ptx"]
     assert ("griddepcontrol.wait" in ptx) == wait_prior  # GATHER_PDL: x read only after act-order's gather
     if wait_prior:  # ... and the words of all AHEAD prologue steps (rows / 8 16-byte loads a thread each) before it
@@ -49,6 +49,8 @@ def test_decode_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmet
     assert f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32" in ptx  # tensor cores, fp32 accumulation
     assert "atom." not in ptx  # no split-K counters: a program owns its output rows
     assert not re.search(r"\b(div|rem)\.", ptx)  # scale groups by constexpr divisors (BLOCKS_PER_GROUP), not a runtime one
+    # ADJACENT_ROWS (not for per-channel weights): a thread's uint8 zeros (and scales) of a group in one load
+    assert ("ld.global.b8" in ptx) == (zeros_dtype == torch.uint8 and not symmetric and not (adjacent and group_size != 4096))
     assert "ld.shared" in ptx and ptx.count("bar.sync") <= 4  # shared memory only for the warps' final sum
     assert compiled.metadata.enable_fp_fusion  # launch.COMPILE_OPTIONS reached the compiler
 
@@ -116,6 +118,7 @@ def test_shipped_gluon_entries_carry_a_runnable_fallback(w4a16):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("k,n,group_size,symmetric,fractional", [
     (512, 200, 128, False, False),   # N off the 16 / 32-row program
+    (512, 75, 128, False, False),    # N odd: the scale / zero loads of the last rows masked (not N_ALIGNED)
     (1024, 136, 256, True, False),   # group 256 (one group over two blocks), symmetric
     (1152, 48, 384, False, False),   # group 384: three blocks per group (a divisor that is no power of two)
     (384, 72, -1, False, False),     # per-channel
@@ -126,9 +129,10 @@ def test_shipped_gluon_entries_carry_a_runnable_fallback(w4a16):
 ])
 @pytest.mark.parametrize("config", [
     {"num_warps": 4, "ROWS": 16, "AHEAD": 1, "maxnreg": 96},
-    {"num_warps": 8, "ROWS": 32, "AHEAD": 2},
+    {"num_warps": 8, "ROWS": 32, "AHEAD": 2, "ADJACENT_ROWS": True},
     {"num_warps": 2, "ROWS": 32, "AHEAD": 3, "maxnreg": 128},
     {"num_warps": 4, "ROWS": 32, "AHEAD": 1, "ZEROS_BY_X_SUM": True},
+    {"num_warps": 4, "ROWS": 16, "AHEAD": 1, "ZEROS_BY_X_SUM": True, "ADJACENT_ROWS": True},
 ])
 def test_decode_matches_reference(w4a16, dtype, k, n, group_size, symmetric, fractional, config):
     weight, ref = random_layer(w4a16, k, n, group_size, symmetric, dtype, "cuda", seed=21, fractional_zeros=fractional)

@@ -6,7 +6,10 @@ shared-memory hop of their pipelined loads) and, to fill the GPU, split K over p
 global workspace through an arrival counter (1.4-1.7 us per call, NOTES v20 / v25). Here no two programs share an
 output tile, and nothing is shared inside the loop:
 
-    program   ROWS weight rows (16 or 32) and all of K; grid (cdiv(N, ROWS), cdiv(M, BLOCK_M))
+    program   ROWS weight rows (16 or 32) and all of K; grid (cdiv(N, ROWS), cdiv(M, BLOCK_M)). A thread holds
+              program rows l + 8 i (i < ROWS / 8) of the MMA layouts; with the plan option ADJACENT_ROWS program
+              row l + 8 i is weight row l * ROWS / 8 + i, so a thread's rows are adjacent in memory and its scales
+              and zeros of a group come in one vector load each (its word loads then touch 8 lines, not 4)
     warp w    the K blocks w, w + WARPS, w + 2 WARPS, ... of those rows: its words, x's block, the scales and
               zeros go from global memory straight into registers, issued AHEAD blocks before their use (an
               unrolled register ring); unpacked into mma.sync A fragments (one shr + lop3 per word and nibble
@@ -95,6 +98,34 @@ if HAVE_GLUON:
         lane = [[0, 2, 0], [0, 4, 0], [0, 0, 1], [0, 0, 2], [0, 0, 4]]
         warp = [[1 << i, 0, 0] for i in range(int(math.log2(WARPS)))]
         return gl.DistributedLinearLayout(reg, lane, warp, [], [WARPS, 64, BLOCK_M])
+
+    @gluon.constexpr_function
+    def _params_layout(WARPS, ROWS):
+        # scales / zeros [WARPS, 8, ROWS / 8]: program row 8 i + l (`_weight_row`), i in registers (with ADJACENT_ROWS a
+        # thread's rows are adjacent in memory: one vector load), l on lanes 2-4 (lanes 0-1 hold copies), warp w on dim 0
+        reg = [[0, 0, 1 << i] for i in range(int(math.log2(ROWS // 8)))]
+        lane = [[0, 0, 0], [0, 0, 0], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
+        warp = [[1 << i, 0, 0] for i in range(int(math.log2(WARPS)))]
+        return gl.DistributedLinearLayout(reg, lane, warp, [], [WARPS, 8, ROWS // 8])
+
+    @gluon.jit
+    def _weight_row(lane_row, reg_row, ROWS: gl.constexpr, ADJACENT_ROWS: gl.constexpr):
+        """The weight row (from the program's first) that program row r = 8 i + l holds (l = r % 8 on lanes 2-4 and i =
+        r // 8 in registers in the MMA layouts): r itself, or with ADJACENT_ROWS l * ROWS / 8 + i, which puts a
+        thread's ROWS / 8 rows next to each other in memory (its scales and zeros of a group: one vector load each)."""
+        if ADJACENT_ROWS:
+            row = lane_row * (ROWS // 8) + reg_row
+        else:
+            row = lane_row + 8 * reg_row
+        return row
+
+    @gluon.jit
+    def _program_order(t, layout: gl.constexpr):
+        """[W, 8, ROWS / 8] values of program rows 8 i + l (`_params_layout`) -> [W, ROWS] in program row order, in
+        `layout` (one of the MMA row layouts: the same registers, relabelled)."""
+        W: gl.constexpr = t.shape[0]
+        RB: gl.constexpr = t.shape[2]
+        return gl.convert_layout(gl.reshape(gl.permute(t, (0, 2, 1)), [W, RB * 8]), layout)
 
     @gluon.jit
     def _last_dim_pieces(t, PIECES: gl.constexpr):
@@ -204,42 +235,43 @@ if HAVE_GLUON:
         return gl.load(x_base + x_offset)
 
     @gluon.jit
-    def _load_params(s_base, z_base, step, kb_p, kb_z, num_kb, N, WARPS: gl.constexpr, SYMMETRIC: gl.constexpr,
-                     GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr, ZERO_IN_OPERAND: gl.constexpr):
-        """Block kb = step * WARPS + w's GROUPS scale groups: the rows' scales (fp32) and zeros: fp32 for the fold, or
-        with ZERO_IN_OPERAND the integer zeros in the words' row layout (kb_z; constant when SYMMETRIC, so not
-        loaded); when SYMMETRIC without ZERO_IN_OPERAND the zero is the scale again, never used."""
+    def _load_params(s_base, z_base, step, kb_p, num_kb, N, p_layout: gl.constexpr, z_layout: gl.constexpr,
+                     WARPS: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr,
+                     ZERO_IN_OPERAND: gl.constexpr):
+        """Block kb = step * WARPS + w's GROUPS scale groups: the rows' scales (fp32, p_layout) and zeros: fp32 for the
+        fold (p_layout), or with ZERO_IN_OPERAND the integer zeros in the words' row layout (z_layout; constant when
+        SYMMETRIC, so not loaded); when SYMMETRIC without ZERO_IN_OPERAND the zero is the scale again, never used.
+        Loaded as [W, 8, ROWS / 8] (`_params_layout`) and relabelled into program row order."""
         kb = gl.minimum(step * WARPS + kb_p, num_kb - 1)
         scales = ()
         zeros = ()
         for j in gl.static_range(GROUPS):
             g = _group(kb, j, GROUPS, BLOCKS_PER_GROUP)
             s = gl.load(s_base + g * N).to(gl.float32)  # (carried as fp32: 16-bit values cost permutes)
-            scales = scales + (s,)
+            scales = scales + (_program_order(s, p_layout),)
             if ZERO_IN_OPERAND:
                 if SYMMETRIC:
-                    zeros = zeros + (gl.full(kb_z.shape, 8, gl.uint32, layout=kb_z.type.layout),)
+                    zeros = zeros + (gl.full([WARPS, 8 * s.shape[2]], 8, gl.uint32, layout=z_layout),)
                 else:
-                    kbz = gl.minimum(step * WARPS + kb_z, num_kb - 1)
-                    zeros = zeros + (gl.load(z_base + _group(kbz, j, GROUPS, BLOCKS_PER_GROUP) * N),)
+                    zeros = zeros + (_program_order(gl.load(z_base + g * N), z_layout),)
             elif SYMMETRIC:
-                zeros = zeros + (s,)
+                zeros = zeros + (scales[j],)
             else:
-                zeros = zeros + (gl.load(z_base + g * N).to(gl.float32),)
+                zeros = zeros + (_program_order(gl.load(z_base + g * N).to(gl.float32), p_layout),)
         return scales, zeros
 
     @gluon.jit
-    def _load_step(qw_base, x_base, s_base, z_base, step, kb_w, kb_x, kb_p, kb_z, num_kb, N, WARPS: gl.constexpr,
-                   SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr,
-                   ZERO_IN_OPERAND: gl.constexpr):
+    def _load_step(qw_base, x_base, s_base, z_base, step, kb_w, kb_x, kb_p, num_kb, N, p_layout: gl.constexpr,
+                   z_layout: gl.constexpr, WARPS: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr,
+                   BLOCKS_PER_GROUP: gl.constexpr, ZERO_IN_OPERAND: gl.constexpr):
         """Block kb = step * WARPS + w of each warp w: (words, x, scales, zeros), as `_load_words`, `_load_x` and
         `_load_params` say. No masks (a masked load costs a zeroing move per register): a block past K reads the
         last block again and is dropped by its scale (the kernel zeroes it); rows past N and tokens past M are
         clamped (never stored)."""
         words = _load_words(qw_base, step, kb_w, num_kb, WARPS)
         x = _load_x(x_base, step, kb_x, num_kb, WARPS, False)
-        scales, zeros = _load_params(s_base, z_base, step, kb_p, kb_z, num_kb, N, WARPS, SYMMETRIC, GROUPS,
-                                     BLOCKS_PER_GROUP, ZERO_IN_OPERAND)
+        scales, zeros = _load_params(s_base, z_base, step, kb_p, num_kb, N, p_layout, z_layout, WARPS, SYMMETRIC,
+                                     GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND)
         return words, x, scales, zeros
 
     @gluon.jit
@@ -262,13 +294,15 @@ if HAVE_GLUON:
     def _decode_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
                        WARPS: gl.constexpr, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, AHEAD: gl.constexpr,
                        SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr,
-                       ZEROS_BY_X_SUM: gl.constexpr, WAIT_PRIOR: gl.constexpr):
+                       ADJACENT_ROWS: gl.constexpr, PARAMS_VECTOR: gl.constexpr, ZEROS_BY_X_SUM: gl.constexpr,
+                       WAIT_PRIOR: gl.constexpr):
         """y[M, N] = x[M, K] @ W: see the module docstring. GROUPS: scale groups per 128-row block
         (`layout.groups_per_block`: 1 when a group spans the block); BLOCKS_PER_GROUP: blocks per group then (0:
-        per-channel). ZEROS_BY_X_SUM: integer and symmetric zeros
-        folded through the x sums too (as fractional zeros are). WAIT_PRIOR: launched as a programmatic dependent of
-        act-order's gather of x (plan option GATHER_PDL): x's loads wait for it (griddepcontrol.wait); the words,
-        scales and zeros of the first blocks need not."""
+        per-channel); ADJACENT_ROWS: the row order of the module docstring, PARAMS_VECTOR: with N a multiple of
+        ROWS / 8, so that every thread's scales and zeros are one vector load. ZEROS_BY_X_SUM: integer and symmetric
+        zeros folded through the x sums too (as fractional zeros are). WAIT_PRIOR: launched as a programmatic
+        dependent of act-order's gather of x (plan option GATHER_PDL): x's loads wait for it (griddepcontrol.wait);
+        the words, scales and zeros of the first blocks need not."""
         # integer zeros (uint8: 0..127, layout.py) and symmetric weights subtract the zero in the operand (one fma
         # per word, exact), which spares the x sums' MMAs (a third of them at BLOCK_M 8, for 13% more instructions);
         # fractional (float) zeros fold it through them
@@ -292,7 +326,7 @@ if HAVE_GLUON:
         w_w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, w_layout)))
         w_r = gl.arange(0, ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, w_layout)))
         w_c = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, w_layout)))
-        n_w = gl.expand_dims(gl.expand_dims(n0 + w_r, 0), 2)
+        n_w = gl.expand_dims(gl.expand_dims(n0 + _weight_row(w_r % 8, w_r // 8, ROWS, ADJACENT_ROWS), 0), 2)
         qw_base = qw_ptr + (n_w // 64) * (num_kb * 1024) + (n_w % 64) * 16 + gl.expand_dims(gl.expand_dims(w_c, 0), 1)
         kb_w = gl.expand_dims(gl.expand_dims(w_w, 1), 2)
         # x^T blocks as 32-bit row pairs [W, 64, BLOCK_M] (x rows 4-byte aligned: the launcher checks)
@@ -303,20 +337,24 @@ if HAVE_GLUON:
         x_base = (x_ptr.to(gl.pointer_type(gl.uint32), bitcast=True) + tok * (stride_xm // 2)
                   + gl.expand_dims(gl.expand_dims(x_k, 0), 2))
         kb_x = gl.expand_dims(gl.expand_dims(x_w, 1), 2)
-        # scales / zeros [W, R]
-        p_w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, p_layout))
-        p_r = gl.arange(0, ROWS, layout=gl.SliceLayout(0, p_layout))
-        n_p = gl.expand_dims(gl.minimum(n0 + p_r, N - 1), 0)
-        kb_p = gl.expand_dims(p_w, 1)
-        s_base = s_ptr + n_p
-        if ZERO_IN_OPERAND:  # zeros in the words' row layout [W, R], the operands' rows
-            z_layout: gl.constexpr = gl.SliceLayout(2, w_layout)
-            z_r = gl.arange(0, ROWS, layout=gl.SliceLayout(0, z_layout))
-            z_base = z_ptr + gl.expand_dims(gl.minimum(n0 + z_r, N - 1), 0)
-            kb_z = gl.expand_dims(gl.arange(0, WARPS, layout=gl.SliceLayout(1, z_layout)), 1)
-        else:
-            z_base = z_ptr + n_p
-            kb_z = kb_p
+        # scales / zeros, loaded as [W, 8, ROWS / 8] (`_params_layout`), used as [W, R] in the accumulator's row layout
+        # (p_layout) or, integer zeros in the operand, the words' (z_layout)
+        z_layout: gl.constexpr = gl.SliceLayout(2, w_layout)
+        pa_layout: gl.constexpr = _params_layout(WARPS, ROWS)
+        pa_w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, pa_layout)))
+        pa_l = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, pa_layout)))
+        pa_i = gl.arange(0, ROWS // 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, pa_layout)))
+        lane_row = gl.expand_dims(gl.expand_dims(pa_l, 0), 2)
+        reg_row = gl.expand_dims(gl.expand_dims(pa_i, 0), 1)
+        if PARAMS_VECTOR:  # ADJACENT_ROWS, N a multiple of ROWS / 8: rows past N come in whole threads' groups, and such a
+            # group reads the last one instead (a clamp per group keeps the loads vectors)
+            n_pa = gl.minimum(n0 + _weight_row(lane_row, 0, ROWS, True), N - ROWS // 8) + reg_row
+        else:  # a row past N reads row N - 1 (never stored)
+            n_pa = gl.minimum(n0 + _weight_row(lane_row, reg_row, ROWS, ADJACENT_ROWS), N - 1)
+        s_base = s_ptr + n_pa
+        z_base = z_ptr + n_pa
+        kb_p = gl.expand_dims(gl.expand_dims(pa_w, 1), 2)
+        kb_v = gl.expand_dims(gl.arange(0, WARPS, layout=gl.SliceLayout(1, p_layout)), 1)  # [W, 1]: a block's validity
 
         steps = (num_kb + WARPS - 1) // WARPS
         # the register ring: each step's loads are issued AHEAD steps before their use; the loop is unrolled by
@@ -327,22 +365,22 @@ if HAVE_GLUON:
             early = ()
             for j in gl.static_range(AHEAD):
                 words = _load_words(qw_base, j, kb_w, num_kb, WARPS)
-                scales, zeros = _load_params(s_base, z_base, j, kb_p, kb_z, num_kb, N, WARPS, SYMMETRIC, GROUPS,
-                                             BLOCKS_PER_GROUP, ZERO_IN_OPERAND)
+                scales, zeros = _load_params(s_base, z_base, j, kb_p, num_kb, N, p_layout, z_layout, WARPS,
+                                             SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND)
                 early = early + ((words, scales, zeros),)
             for j in gl.static_range(AHEAD):
                 ring = ring + ((early[j][0], _load_x(x_base, j, kb_x, num_kb, WARPS, j == 0), early[j][1], early[j][2]),)
         else:
             for j in gl.static_range(AHEAD):
-                ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, kb_p, kb_z, num_kb, N, WARPS,
-                                          SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND),)
+                ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, kb_p, num_kb, N, p_layout,
+                                          z_layout, WARPS, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND),)
         ones = gl.full([WARPS, ROWS, 64 // PIECES], 1.0, dtype, layout=a_layout)  # (x sums: unused with ZERO_IN_OPERAND)
         acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
         zero_acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
         for i0 in range(0, steps, AHEAD + 1):
             for j in gl.static_range(AHEAD + 1):
-                fresh = _load_step(qw_base, x_base, s_base, z_base, i0 + j + AHEAD, kb_w, kb_x, kb_p, kb_z, num_kb, N,
-                                   WARPS, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND)
+                fresh = _load_step(qw_base, x_base, s_base, z_base, i0 + j + AHEAD, kb_w, kb_x, kb_p, num_kb, N,
+                                   p_layout, z_layout, WARPS, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND)
                 if j == 0:
                     current = ring[0]
                     extra = fresh
@@ -359,7 +397,7 @@ if HAVE_GLUON:
                             refilled = refilled + (ring[t],)
                     ring = refilled
                 words, x, scales, zeros = current
-                valid = (i0 + j) * WARPS + kb_p < num_kb
+                valid = (i0 + j) * WARPS + kb_v < num_kb
                 # the block as two halves h (word columns of parity h: block rows 64 h ..), each half's operands
                 # built right before its MMAs
                 w_halves = gl.split(gl.reshape(words.to(gl.uint32, bitcast=True), [WARPS, ROWS, 8, 2]))
@@ -400,7 +438,8 @@ if HAVE_GLUON:
         total = shares.slice(0, ROWS).load(out)
         for w in gl.static_range(1, WARPS):
             total += shares.slice(w * ROWS, ROWS).load(out)
-        o_n = n0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, out))
+        o_r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, out))
+        o_n = n0 + _weight_row(o_r % 8, o_r // 8, ROWS, ADJACENT_ROWS)
         o_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out))
         ptrs = y_ptr + gl.expand_dims(o_m, 0) * stride_ym + gl.expand_dims(o_n, 1)
         gl.store(ptrs, total.to(dtype), mask=(gl.expand_dims(o_n, 1) < N) & (gl.expand_dims(o_m, 0) < M))
@@ -419,7 +458,8 @@ _TENSOR_ARGS = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr")
 _INT_ARGS = ("M", "N", "K", "stride_xm", "stride_ym")
 
 
-def _launch_config(cfg: dict, block_m: int, in_features: int, group_size: int, symmetric: bool) -> tuple[dict, dict]:
+def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int, group_size: int,
+                   symmetric: bool) -> tuple[dict, dict]:
     """(constexprs, options) of `_decode_kernel` for a decode plan's configuration `cfg` (num_warps, ROWS, AHEAD,
     maxnreg, ZEROS_BY_X_SUM, GATHER_PDL: WAIT_PRIOR and a programmatic launch, kept by the dispatcher only for act-order
     weights on sm_90+) and a call's BLOCK_M and format, or a ValueError naming the entry the kernel cannot take."""
@@ -435,22 +475,26 @@ def _launch_config(cfg: dict, block_m: int, in_features: int, group_size: int, s
     # K blocks per scale group where a group spans blocks: G / 128, or 0 for one group spanning K (per-channel, not
     # specialised on K); unused (1) where a block holds several groups
     blocks_per_group = 1 if groups > 1 else (0 if group_size == in_features else group_size // K_BLOCK)
+    # ADJACENT_ROWS only where the loop loads scales and zeros per block (not per-channel: its one group's loads leave
+    # the loop, and the row order would only cost its word loads, NOTES v30)
+    adjacent = bool(cfg.get("ADJACENT_ROWS", False)) and blocks_per_group != 0
     constexprs = dict(WARPS=warps, ROWS=rows, BLOCK_M=block_m, AHEAD=ahead, SYMMETRIC=symmetric, GROUPS=groups,
-                      BLOCKS_PER_GROUP=blocks_per_group, ZEROS_BY_X_SUM=bool(cfg.get("ZEROS_BY_X_SUM", False)),
-                      WAIT_PRIOR=wait_prior)
+                      BLOCKS_PER_GROUP=blocks_per_group, ADJACENT_ROWS=adjacent,
+                      PARAMS_VECTOR=adjacent and out_features % (rows // 8) == 0,
+                      ZEROS_BY_X_SUM=bool(cfg.get("ZEROS_BY_X_SUM", False)), WAIT_PRIOR=wait_prior)
     maxnreg = cfg.get("maxnreg")
     options = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {}), **({"launch_pdl": True} if wait_prior else {})}
     return constexprs, options
 
 
-def _decode_launch(plan, m: int, in_features: int, group_size: int, symmetric: bool) -> _DecodeLaunch:
+def _decode_launch(plan, m: int, in_features: int, out_features: int, group_size: int, symmetric: bool) -> _DecodeLaunch:
     """The plan's launch for this token count's BLOCK_M and this format, made on first use (its configuration checked
     then: a ValueError naming the entry, on any device) and kept in `plan.launches`."""
     block_m = 8 if m <= 8 else 16
-    key = ("decode", block_m, in_features, group_size, symmetric)
+    key = ("decode", block_m, in_features, out_features, group_size, symmetric)
     run = plan.launches.get(key)
     if run is None:
-        constexprs, options = _launch_config(plan.config, block_m, in_features, group_size, symmetric)
+        constexprs, options = _launch_config(plan.config, block_m, in_features, out_features, group_size, symmetric)
         if not HAVE_GLUON:
             raise RuntimeError(_UNAVAILABLE)
         run = plan.launches[key] = _DecodeLaunch(constexprs["ROWS"], block_m, PreparedLaunch(
@@ -483,7 +527,7 @@ def _launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int
         raise ValueError(f"w4a16: path 'decode' needs in_features a multiple of {K_BLOCK}, got {k}")
     if qweight.numel() >= 2**31 or scales.numel() >= 2**31:  # the kernel's word and scale offsets are int32
         raise ValueError(f"w4a16: path 'decode' takes weights of < 2**31 words and scales, got N={scales.shape[1]}, K={k}")
-    run = _decode_launch(plan, m, k, group_size, zeros is None)
+    run = _decode_launch(plan, m, k, scales.shape[1], group_size, zeros is None)
     if not available(x2.device):
         raise RuntimeError(f"{_UNAVAILABLE}; x is on {x2.device}")
     if x2.data_ptr() % 4 or x2.stride(0) % 2 or x2.stride(1) != 1:  # x is read as 32-bit row pairs
@@ -503,13 +547,13 @@ def _launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int
 
 def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 8, warps: int = 4, rows: int = 16, ahead: int = 1,
                      symmetric: bool = False, zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None,
-                     group_size: int = 128, maxnreg: int | None = None, in_features: int = 4096,
-                     zeros_by_x_sum: bool = False, wait_prior: bool = False):
+                     group_size: int = 128, maxnreg: int | None = None, in_features: int = 4096, out_features: int = 4096,
+                     zeros_by_x_sum: bool = False, wait_prior: bool = False, adjacent_rows: bool = False):
     """Compile `_decode_kernel` for sm_90 without a GPU, with the constexprs and options a launch of that plan
     configuration would take (`_launch_config`). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
     cfg = {"num_warps": warps, "ROWS": rows, "AHEAD": ahead, "ZEROS_BY_X_SUM": zeros_by_x_sum, "GATHER_PDL": wait_prior,
-           **({"maxnreg": maxnreg} if maxnreg else {})}
-    constexprs, options = _launch_config(cfg, block_m, in_features, group_size, symmetric)
+           "ADJACENT_ROWS": adjacent_rows, **({"maxnreg": maxnreg} if maxnreg else {})}
+    constexprs, options = _launch_config(cfg, block_m, in_features, out_features, group_size, symmetric)
     s_type = TRITON_TYPE_NAMES[scales_dtype or dtype]
     signature = {"x_ptr": f"*{TRITON_TYPE_NAMES[dtype]}", "qw_ptr": "*i32", "s_ptr": f"*{s_type}",
                  "z_ptr": f"*{s_type if symmetric else TRITON_TYPE_NAMES[zeros_dtype]}", "y_ptr": f"*{TRITON_TYPE_NAMES[dtype]}",
