@@ -251,7 +251,7 @@ if HAVE_GLUON:
             scales = scales + (_program_order(s, p_layout),)
             if ZERO_IN_OPERAND:
                 if SYMMETRIC:
-                    zeros = zeros + (gl.full([WARPS, 8 * s.shape[2]], 8, gl.uint32, layout=z_layout),)
+                    zeros = zeros + (gl.full([WARPS, s.shape[1] * s.shape[2]], 8, gl.uint32, layout=z_layout),)
                 else:
                     zeros = zeros + (_program_order(gl.load(z_base + g * N), z_layout),)
             elif SYMMETRIC:
@@ -461,8 +461,9 @@ _INT_ARGS = ("M", "N", "K", "stride_xm", "stride_ym")
 def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int, group_size: int,
                    symmetric: bool) -> tuple[dict, dict]:
     """(constexprs, options) of `_decode_kernel` for a decode plan's configuration `cfg` (num_warps, ROWS, AHEAD,
-    maxnreg, ZEROS_BY_X_SUM, GATHER_PDL: WAIT_PRIOR and a programmatic launch, kept by the dispatcher only for act-order
-    weights on sm_90+) and a call's BLOCK_M and format, or a ValueError naming the entry the kernel cannot take."""
+    maxnreg, ZEROS_BY_X_SUM, ADJACENT_ROWS, GATHER_PDL: WAIT_PRIOR and a programmatic launch, kept by the dispatcher only
+    for act-order weights on sm_90+) and a call's BLOCK_M, weight shape (N decides PARAMS_VECTOR) and format, or a
+    ValueError naming the entry the kernel cannot take."""
     warps, rows, ahead = cfg.get("num_warps", 4), cfg.get("ROWS", 16), cfg.get("AHEAD", 1)
     if rows not in DECODE_ROWS:
         raise ValueError(f"config ROWS must be one of {DECODE_ROWS} for path 'decode', got {rows!r}")
