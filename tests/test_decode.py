@@ -28,17 +28,25 @@ def _on_nvidia() -> bool:
     (torch.bfloat16, False, torch.bfloat16, 16),   # eight groups per block
     (torch.float16, False, torch.uint8, 4096),     # a group spanning blocks (per-channel)
 ])
-@pytest.mark.parametrize("block_m,rows,ahead,warps,by_x_sum,wait_prior,adjacent", [(8, 16, 1, 4, False, False, False),
-                                                                                     (16, 32, 2, 8, True, True, True)])
+@pytest.mark.parametrize("block_m,rows,ahead,warps,by_x_sum,wait_prior,adjacent,x_at_use", [
+    (8, 16, 1, 4, False, False, False, False),
+    (16, 32, 2, 8, True, True, True, False),
+    (8, 16, 3, 8, False, True, False, True),
+])
 def test_decode_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmetric, zeros_dtype, group_size, block_m, rows,
-                                  ahead, warps, by_x_sum, wait_prior, adjacent):
+                                  ahead, warps, by_x_sum, wait_prior, adjacent, x_at_use):
     decode = w4a16.gemm_decode
     if not decode.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     compiled = decode.compile_for_sm90(dtype, block_m, warps, rows, ahead, symmetric, zeros_dtype, group_size=group_size,
-                                       maxnreg=128, zeros_by_x_sum=by_x_sum, wait_prior=wait_prior, adjacent_rows=adjacent)
+                                       maxnreg=128, zeros_by_x_sum=by_x_sum, wait_prior=wait_prior, adjacent_rows=adjacent,
+                                       x_at_use=x_at_use)
     ptx = compiled.asm["ptx"]
     assert ("griddepcontrol.wait" in ptx) == wait_prior  # GATHER_PDL: x read only after act-order's gather
+    if not adjacent:  # (with ADJACENT_ROWS a thread's 16-bit scales of a group are an 8-byte load too)
+        # x's 8-byte loads (BLOCK_M a step): in the prologue's AHEAD steps and the loop's AHEAD + 1, or with X_AT_USE
+        # in the loop's only
+        assert ptx.count("ld.global.v2.b32") == (ahead + 1 if x_at_use else 2 * ahead + 1) * block_m
     if wait_prior:  # ... and the words of all AHEAD prologue steps (rows / 8 16-byte loads a thread each) before it
         before_wait = ptx[:ptx.index("griddepcontrol.wait")]
         assert len(re.findall(r"ld\.global[^;\n]*\.v4", before_wait)) == ahead * rows // 8
@@ -133,6 +141,7 @@ def test_shipped_gluon_entries_carry_a_runnable_fallback(w4a16):
     {"num_warps": 2, "ROWS": 32, "AHEAD": 3, "maxnreg": 128},
     {"num_warps": 4, "ROWS": 32, "AHEAD": 1, "ZEROS_BY_X_SUM": True},
     {"num_warps": 4, "ROWS": 16, "AHEAD": 1, "ZEROS_BY_X_SUM": True, "ADJACENT_ROWS": True},
+    {"num_warps": 8, "ROWS": 16, "AHEAD": 3, "X_AT_USE": True, "maxnreg": 128},
 ])
 def test_decode_matches_reference(w4a16, dtype, k, n, group_size, symmetric, fractional, config):
     weight, ref = random_layer(w4a16, k, n, group_size, symmetric, dtype, "cuda", seed=21, fractional_zeros=fractional)

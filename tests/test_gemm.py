@@ -622,13 +622,14 @@ def test_stream_k_programs_follow_the_sm_count(w4a16, monkeypatch):
     assert plans[132][1].path != "streamk" and plans[114][1].config == plans[132][1].config
 
 
-@pytest.mark.parametrize("path", ["splitk", "streamk", "tiled", "decode"])
-def test_act_order_gemm_launched_after_its_gather(w4a16, device, path):
+@pytest.mark.parametrize("path,options", [("splitk", {}), ("streamk", {}), ("tiled", {}), ("decode", {}),
+                                          ("decode", {"X_AT_USE": True, "AHEAD": 2})])
+def test_act_order_gemm_launched_after_its_gather(w4a16, device, path, options):
     """GATHER_PDL (a tuned option of act-order entries): on sm_90+ the GEMM is a programmatic dependent
     of the gather (its programs wait for the gather's x before loading it); elsewhere (the interpreter,
     AMD, older GPUs) the option is ignored. Back-to-back calls and, on CUDA, replays of a CUDA graph
     (programmatic edges in the graph), against the float64 reference; M = 300 takes the whole-row gather.
-    The decode kernel (Gluon, M <= 16) runs only on an NVIDIA GPU."""
+    The decode kernel (Gluon, M <= 16) runs only on an NVIDIA GPU; with X_AT_USE its x loads are all in the loop."""
     cuda = device == "cuda"
     if path == "decode" and not (cuda and w4a16.gemm_decode.available(torch.device(device))):
         pytest.skip("the decode kernel needs Gluon and an NVIDIA GPU (sm_80+)")
@@ -637,7 +638,7 @@ def test_act_order_gemm_launched_after_its_gather(w4a16, device, path):
     assert weight.perm is not None
     capable = cuda and torch.cuda.get_device_capability()[0] >= 9
     assert w4a16.dispatch.programmatic_launch(torch.device(device)) == capable
-    config = {"GATHER_PDL": True}
+    config = {"GATHER_PDL": True, **options}
     # the dispatcher keeps the option only where it applies: act-order weights, tensor-core path, sm_90+
     plan = w4a16.dispatch.plan_gemm(16, 96, 512, 64, torch.float16, torch.device(device), path=path, config=config, act_order=True)
     assert plan.config.get("GATHER_PDL", False) == capable

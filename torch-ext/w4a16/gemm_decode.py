@@ -225,14 +225,18 @@ if HAVE_GLUON:
         return gl.load(qw_base + gl.minimum(step * WARPS + kb_w, num_kb - 1) * 1024)
 
     @gluon.jit
-    def _load_x(x_base, step, kb_x, num_kb, WARPS: gl.constexpr, WAIT_PRIOR: gl.constexpr):
-        """x's block kb = step * WARPS + w as 32-bit row pairs (tokens past M clamped by x_base). WAIT_PRIOR: first
-        wait for the grid this kernel is a programmatic dependent of (act-order's gather, which writes x)."""
-        x_offset = gl.minimum(step * WARPS + kb_x, num_kb - 1) * 64
-        if WAIT_PRIOR:  # x's addresses come out of the wait, so no x load can be placed before it
-            x_offset = gl.inline_asm_elementwise("griddepcontrol.wait; mov.b32 $0, $1;", "=r,r", [x_offset],
-                                                 dtype=gl.int32, is_pure=False, pack=1)
-        return gl.load(x_base + x_offset)
+    def _load_x(x_base, step, kb_x, num_kb, WARPS: gl.constexpr):
+        """x's block kb = step * WARPS + w as 32-bit row pairs (tokens past M clamped by x_base; num_kb from
+        `_after_prior_grid` where x is written by the grid before)."""
+        return gl.load(x_base + gl.minimum(step * WARPS + kb_x, num_kb - 1) * 64)
+
+    @gluon.jit
+    def _after_prior_grid(t):
+        """t (int32), given back only once the grid this kernel is a programmatic dependent of has finished
+        (griddepcontrol.wait): x's block indices are clamped by it (`_load_x`), so no x load can be placed before the wait
+        (act-order's gather writes x); the weights' loads need not wait."""
+        return gl.inline_asm_elementwise("griddepcontrol.wait; mov.b32 $0, $1;", "=r,r", [t], dtype=gl.int32,
+                                         is_pure=False, pack=1)
 
     @gluon.jit
     def _load_params(s_base, z_base, step, kb_p, num_kb, N, p_layout: gl.constexpr, z_layout: gl.constexpr,
@@ -261,15 +265,18 @@ if HAVE_GLUON:
         return scales, zeros
 
     @gluon.jit
-    def _load_step(qw_base, x_base, s_base, z_base, step, kb_w, kb_x, kb_p, num_kb, N, p_layout: gl.constexpr,
+    def _load_step(qw_base, x_base, s_base, z_base, step, kb_w, kb_x, num_kb_x, kb_p, num_kb, N, p_layout: gl.constexpr,
                    z_layout: gl.constexpr, WARPS: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr,
-                   BLOCKS_PER_GROUP: gl.constexpr, ZERO_IN_OPERAND: gl.constexpr):
+                   BLOCKS_PER_GROUP: gl.constexpr, ZERO_IN_OPERAND: gl.constexpr, X_AT_USE: gl.constexpr):
         """Block kb = step * WARPS + w of each warp w: (words, x, scales, zeros), as `_load_words`, `_load_x` and
-        `_load_params` say. No masks (a masked load costs a zeroing move per register): a block past K reads the
-        last block again and is dropped by its scale (the kernel zeroes it); rows past N and tokens past M are
-        clamped (never stored)."""
+        `_load_params` say (with X_AT_USE x is loaded where it is used: kb_x stands in, a tuple of a jit function holds
+        no None). No masks (a masked load costs a zeroing
+        move per register): a block past K reads the last block again and is dropped by its scale (the kernel zeroes
+        it); rows past N and tokens past M are clamped (never stored)."""
         words = _load_words(qw_base, step, kb_w, num_kb, WARPS)
-        x = _load_x(x_base, step, kb_x, num_kb, WARPS, False)
+        x = kb_x
+        if not X_AT_USE:
+            x = _load_x(x_base, step, kb_x, num_kb_x, WARPS)
         scales, zeros = _load_params(s_base, z_base, step, kb_p, num_kb, N, p_layout, z_layout, WARPS, SYMMETRIC,
                                      GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND)
         return words, x, scales, zeros
@@ -295,14 +302,16 @@ if HAVE_GLUON:
                        WARPS: gl.constexpr, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, AHEAD: gl.constexpr,
                        SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr,
                        ADJACENT_ROWS: gl.constexpr, PARAMS_VECTOR: gl.constexpr, ZEROS_BY_X_SUM: gl.constexpr,
-                       WAIT_PRIOR: gl.constexpr):
+                       X_AT_USE: gl.constexpr, WAIT_PRIOR: gl.constexpr):
         """y[M, N] = x[M, K] @ W: see the module docstring. GROUPS: scale groups per 128-row block
         (`layout.groups_per_block`: 1 when a group spans the block); BLOCKS_PER_GROUP: blocks per group then (0:
         per-channel); ADJACENT_ROWS: the row order of the module docstring, PARAMS_VECTOR: with N a multiple of
         ROWS / 8, so that every thread's scales and zeros are one vector load. ZEROS_BY_X_SUM: integer and symmetric
-        zeros folded through the x sums too (as fractional zeros are). WAIT_PRIOR: launched as a programmatic
-        dependent of act-order's gather of x (plan option GATHER_PDL): x's loads wait for it (griddepcontrol.wait);
-        the words, scales and zeros of the first blocks need not."""
+        zeros folded through the x sums too (as fractional zeros are). X_AT_USE: x's block loaded in the step that
+        uses it, not AHEAD steps before with the weights' (x is read from L2 and its registers go to a deeper ring
+        of words). WAIT_PRIOR: launched as a programmatic dependent of act-order's gather of x (plan option
+        GATHER_PDL): x's loads wait for it (griddepcontrol.wait); the words, scales and zeros of the first blocks
+        need not."""
         # integer zeros (uint8: 0..127, layout.py) and symmetric weights subtract the zero in the operand (one fma
         # per word, exact), which spares the x sums' MMAs (a third of them at BLOCK_M 8, for 13% more instructions);
         # fractional (float) zeros fold it through them
@@ -337,6 +346,7 @@ if HAVE_GLUON:
         x_base = (x_ptr.to(gl.pointer_type(gl.uint32), bitcast=True) + tok * (stride_xm // 2)
                   + gl.expand_dims(gl.expand_dims(x_k, 0), 2))
         kb_x = gl.expand_dims(gl.expand_dims(x_w, 1), 2)
+        num_kb_x = num_kb  # (x's loads' block count: with WAIT_PRIOR, given back by the wait for the gather of x)
         # scales / zeros, loaded as [W, 8, ROWS / 8] (`_params_layout`), used as [W, R] in the accumulator's row layout
         # (p_layout) or, integer zeros in the operand, the words' (z_layout)
         z_layout: gl.constexpr = gl.SliceLayout(2, w_layout)
@@ -368,19 +378,25 @@ if HAVE_GLUON:
                 scales, zeros = _load_params(s_base, z_base, j, kb_p, num_kb, N, p_layout, z_layout, WARPS,
                                              SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND)
                 early = early + ((words, scales, zeros),)
+            num_kb_x = _after_prior_grid(num_kb)
             for j in gl.static_range(AHEAD):
-                ring = ring + ((early[j][0], _load_x(x_base, j, kb_x, num_kb, WARPS, j == 0), early[j][1], early[j][2]),)
+                x_ahead = kb_x  # (with X_AT_USE: loaded where it is used)
+                if not X_AT_USE:
+                    x_ahead = _load_x(x_base, j, kb_x, num_kb_x, WARPS)
+                ring = ring + ((early[j][0], x_ahead, early[j][1], early[j][2]),)
         else:
             for j in gl.static_range(AHEAD):
-                ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, kb_p, num_kb, N, p_layout,
-                                          z_layout, WARPS, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND),)
+                ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, num_kb_x, kb_p, num_kb, N, p_layout,
+                                          z_layout, WARPS, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND,
+                                          X_AT_USE),)
         ones = gl.full([WARPS, ROWS, 64 // PIECES], 1.0, dtype, layout=a_layout)  # (x sums: unused with ZERO_IN_OPERAND)
         acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
         zero_acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
         for i0 in range(0, steps, AHEAD + 1):
             for j in gl.static_range(AHEAD + 1):
-                fresh = _load_step(qw_base, x_base, s_base, z_base, i0 + j + AHEAD, kb_w, kb_x, kb_p, num_kb, N,
-                                   p_layout, z_layout, WARPS, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND)
+                fresh = _load_step(qw_base, x_base, s_base, z_base, i0 + j + AHEAD, kb_w, kb_x, num_kb_x, kb_p, num_kb, N,
+                                   p_layout, z_layout, WARPS, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND,
+                                   X_AT_USE)
                 if j == 0:
                     current = ring[0]
                     extra = fresh
@@ -397,6 +413,8 @@ if HAVE_GLUON:
                             refilled = refilled + (ring[t],)
                     ring = refilled
                 words, x, scales, zeros = current
+                if X_AT_USE:
+                    x = _load_x(x_base, i0 + j, kb_x, num_kb_x, WARPS)
                 valid = (i0 + j) * WARPS + kb_v < num_kb
                 # the block as two halves h (word columns of parity h: block rows 64 h ..), each half's operands
                 # built right before its MMAs
@@ -461,7 +479,7 @@ _INT_ARGS = ("M", "N", "K", "stride_xm", "stride_ym")
 def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int, group_size: int,
                    symmetric: bool) -> tuple[dict, dict]:
     """(constexprs, options) of `_decode_kernel` for a decode plan's configuration `cfg` (num_warps, ROWS, AHEAD,
-    maxnreg, ZEROS_BY_X_SUM, ADJACENT_ROWS, GATHER_PDL: WAIT_PRIOR and a programmatic launch, kept by the dispatcher only
+    maxnreg, ZEROS_BY_X_SUM, ADJACENT_ROWS, X_AT_USE, GATHER_PDL: WAIT_PRIOR and a programmatic launch, kept by the dispatcher only
     for act-order weights on sm_90+) and a call's BLOCK_M, weight shape (N decides PARAMS_VECTOR) and format, or a
     ValueError naming the entry the kernel cannot take."""
     warps, rows, ahead = cfg.get("num_warps", 4), cfg.get("ROWS", 16), cfg.get("AHEAD", 1)
@@ -482,7 +500,8 @@ def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int,
     constexprs = dict(WARPS=warps, ROWS=rows, BLOCK_M=block_m, AHEAD=ahead, SYMMETRIC=symmetric, GROUPS=groups,
                       BLOCKS_PER_GROUP=blocks_per_group, ADJACENT_ROWS=adjacent,
                       PARAMS_VECTOR=adjacent and out_features % (rows // 8) == 0,
-                      ZEROS_BY_X_SUM=bool(cfg.get("ZEROS_BY_X_SUM", False)), WAIT_PRIOR=wait_prior)
+                      ZEROS_BY_X_SUM=bool(cfg.get("ZEROS_BY_X_SUM", False)), X_AT_USE=bool(cfg.get("X_AT_USE", False)),
+                      WAIT_PRIOR=wait_prior)
     maxnreg = cfg.get("maxnreg")
     options = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {}), **({"launch_pdl": True} if wait_prior else {})}
     return constexprs, options
@@ -549,11 +568,12 @@ def _launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int
 def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 8, warps: int = 4, rows: int = 16, ahead: int = 1,
                      symmetric: bool = False, zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None,
                      group_size: int = 128, maxnreg: int | None = None, in_features: int = 4096, out_features: int = 4096,
-                     zeros_by_x_sum: bool = False, wait_prior: bool = False, adjacent_rows: bool = False):
+                     zeros_by_x_sum: bool = False, wait_prior: bool = False, adjacent_rows: bool = False,
+                     x_at_use: bool = False):
     """Compile `_decode_kernel` for sm_90 without a GPU, with the constexprs and options a launch of that plan
     configuration would take (`_launch_config`). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
     cfg = {"num_warps": warps, "ROWS": rows, "AHEAD": ahead, "ZEROS_BY_X_SUM": zeros_by_x_sum, "GATHER_PDL": wait_prior,
-           "ADJACENT_ROWS": adjacent_rows, **({"maxnreg": maxnreg} if maxnreg else {})}
+           "ADJACENT_ROWS": adjacent_rows, "X_AT_USE": x_at_use, **({"maxnreg": maxnreg} if maxnreg else {})}
     constexprs, options = _launch_config(cfg, block_m, in_features, out_features, group_size, symmetric)
     s_type = TRITON_TYPE_NAMES[scales_dtype or dtype]
     signature = {"x_ptr": f"*{TRITON_TYPE_NAMES[dtype]}", "qw_ptr": "*i32", "s_ptr": f"*{s_type}",
