@@ -97,13 +97,15 @@ def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536, 
     if m <= 16:
         # decode (Gluon, gemm_decode.py): one program per ROWS weight rows and all of K, its warps sharing the K blocks.
         # Register caps decide how many warps an SM holds (NOTES v27); the zero in the operand or through the x sums
-        # (ZEROS_BY_X_SUM) wins by M (NOTES v28).
+        # (ZEROS_BY_X_SUM) wins by M (NOTES v28); x loaded at use (X_AT_USE) on the small shapes from M = 2 (NOTES
+        # v31), where a deeper ring (AHEAD 2 / 3) lost 5-50%.
         if decode_plans is not None:
             yield from (("decode", dict(config)) for config in decode_plans)
         else:
-            for w, rows, ahead, cap, by_x_sum in itertools.product((4, 8), (16, 32), (1, 2), (None, 128, 96), (False, True)):
+            for w, rows, (ahead, x_at_use), cap, by_x_sum in itertools.product(
+                    (4, 8), (16, 32), ((1, False), (1, True), (2, False)), (None, 128, 96), (False, True)):
                 yield "decode", {"num_warps": w, "ROWS": rows, "AHEAD": ahead, **({"maxnreg": cap} if cap else {}),
-                                 **({"ZEROS_BY_X_SUM": True} if by_x_sum else {})}
+                                 **({"ZEROS_BY_X_SUM": True} if by_x_sum else {}), **({"X_AT_USE": True} if x_at_use else {})}
     if m >= 64:
         for bn, bm, w, st, operand in ((128, 64, 4, 3, False), (128, 128, 8, 3, False), (256, 64, 8, 3, False),
                                        (256, 128, 8, 3, False), (128, 64, 4, 4, True), (128, 128, 8, 3, True),
@@ -147,7 +149,7 @@ def around_plan(kernel, plan, m: int, act_order: bool = False, n: int = 0, k: in
     32-bit words), and for uncapped 4-warp scale-in-operand plans a register cap (with BLOCK_M >= 32 also
     four dot parts and three stages) that fits one more CTA per SM, with and without a grown grid
     (`more_ctas_per_sm`); for pingpong plans UNPACK_AHEAD flipped (`unpack_ahead_forms`); for decode plans
-    ZEROS_BY_X_SUM and ADJACENT_ROWS flipped and for act-order GATHER_PDL flipped. Decides the options in a few
+    ZEROS_BY_X_SUM, ADJACENT_ROWS and X_AT_USE flipped and for act-order GATHER_PDL flipped. Decides the options in a few
     timings where a full search would take minutes per shape."""
     config = dict(plan.config)
     yield plan.path, config
@@ -157,6 +159,7 @@ def around_plan(kernel, plan, m: int, act_order: bool = False, n: int = 0, k: in
     if plan.path == "decode":
         yield plan.path, _with_option(config, "ZEROS_BY_X_SUM", not config.get("ZEROS_BY_X_SUM", False), default=False)
         yield plan.path, _with_option(config, "ADJACENT_ROWS", not config.get("ADJACENT_ROWS", False), default=False)
+        yield plan.path, _with_option(config, "X_AT_USE", not config.get("X_AT_USE", False), default=False)
         if act_order:
             yield plan.path, _with_option(config, "GATHER_PDL", not config.get("GATHER_PDL", False), default=False)
         return
@@ -324,7 +327,7 @@ def main() -> None:
     narrowed.add_argument("--around-plan", action="store_true",
                     help="time only the current plan and the same with one option changed (DOT_PARTS; ONE_TOKEN at M = 1; "
                          "GATHER_PDL for act-order; STREAM_PARAMS and one more CTA per SM for scale-in-operand plans; "
-                         "UNPACK_AHEAD for pingpong plans; ZEROS_BY_X_SUM and ADJACENT_ROWS for decode plans)")
+                         "UNPACK_AHEAD for pingpong plans; ZEROS_BY_X_SUM, ADJACENT_ROWS and X_AT_USE for decode plans)")
     narrowed.add_argument("--try", dest="tries", default="",
                           help="time only the current plan and the same with each ';'-separated KEY=INT,... set of entries "
                                "replaced (0 / 1 for options), whatever the plan's path, e.g. 'num_warps=8;num_warps=8,num_stages=3'")
