@@ -97,8 +97,8 @@ def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536, 
     if m <= 16:
         # decode (Gluon, gemm_decode.py): one program per ROWS weight rows and all of K, its warps sharing the K blocks.
         # Register caps decide how many warps an SM holds (NOTES v27); the zero in the operand or through the x sums
-        # (ZEROS_BY_X_SUM) wins by M (NOTES v28); x loaded at use (X_AT_USE) on the small shapes from M = 2 (NOTES
-        # v31), where a deeper ring (AHEAD 2 / 3) lost 5-50%.
+        # (ZEROS_BY_X_SUM) wins by M (NOTES v28); x loaded at use (X_AT_USE) won on the small shapes from M = 2, and a
+        # deeper ring under it (AHEAD 2 / 3) lost 5-50%, so it is searched at AHEAD 1 (NOTES v31).
         if decode_plans is not None:
             yield from (("decode", dict(config)) for config in decode_plans)
         else:

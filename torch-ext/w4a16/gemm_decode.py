@@ -12,11 +12,11 @@ output tile, and nothing is shared inside the loop:
               and zeros of a group come in one vector load each (its word loads then touch 8 lines, not 4)
     warp w    the K blocks w, w + WARPS, w + 2 WARPS, ... of those rows: its words, x's block, the scales and
               zeros go from global memory straight into registers, issued AHEAD blocks before their use (an
-              unrolled register ring); unpacked into mma.sync A fragments (one shr + lop3 per word and nibble
-              pair, the layout making the rest register relabelling) of q - z (integer or symmetric zeros: one
-              more fma per word, exact), acc += s * ((q - z) . x) per scale group; or of C + q, acc += s *
-              ((C + q) . x) - s (z + C) sum(x), the x sums from MMAs on an all-ones operand (exact for any zero:
-              fractional zeros, or the plan option ZEROS_BY_X_SUM)
+              unrolled register ring; x's at its use with the plan option X_AT_USE); unpacked into mma.sync A
+              fragments (one shr + lop3 per word and nibble pair, the layout making the rest register relabelling)
+              of q - z (integer or symmetric zeros: one more fma per word, exact), acc += s * ((q - z) . x) per
+              scale group; or of C + q, acc += s * ((C + q) . x) - s (z + C) sum(x), the x sums from MMAs on an
+              all-ones operand (exact for any zero: fractional zeros, or the plan option ZEROS_BY_X_SUM)
     act-order x gathered by gather.py first; with the plan option GATHER_PDL (sm_90+) the kernel is a programmatic
               dependent of that gather and loads the weights of its first AHEAD blocks before waiting for it
     end       the warps' fp32 tiles summed once through shared memory, y stored
@@ -233,8 +233,8 @@ if HAVE_GLUON:
     @gluon.jit
     def _after_prior_grid(t):
         """t (int32), given back only once the grid this kernel is a programmatic dependent of has finished
-        (griddepcontrol.wait): x's block indices are clamped by it (`_load_x`), so no x load can be placed before the wait
-        (act-order's gather writes x); the weights' loads need not wait."""
+        (griddepcontrol.wait): x's block indices are clamped by it (`_load_x`), so no x load can be placed before the
+        wait (act-order's gather writes x); the weights' loads need not wait."""
         return gl.inline_asm_elementwise("griddepcontrol.wait; mov.b32 $0, $1;", "=r,r", [t], dtype=gl.int32,
                                          is_pure=False, pack=1)
 
@@ -269,10 +269,10 @@ if HAVE_GLUON:
                    z_layout: gl.constexpr, WARPS: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr,
                    BLOCKS_PER_GROUP: gl.constexpr, ZERO_IN_OPERAND: gl.constexpr, X_AT_USE: gl.constexpr):
         """Block kb = step * WARPS + w of each warp w: (words, x, scales, zeros), as `_load_words`, `_load_x` and
-        `_load_params` say (with X_AT_USE x is loaded where it is used: kb_x stands in, a tuple of a jit function holds
-        no None). No masks (a masked load costs a zeroing
-        move per register): a block past K reads the last block again and is dropped by its scale (the kernel zeroes
-        it); rows past N and tokens past M are clamped (never stored)."""
+        `_load_params` say (with X_AT_USE x is loaded where it is used: kb_x stands in, as a jit function's tuple holds
+        no None). No masks (a masked load costs a zeroing move per register): a block past K reads the last block
+        again and is dropped by its scale (the kernel zeroes it); rows past N and tokens past M are clamped (never
+        stored)."""
         words = _load_words(qw_base, step, kb_w, num_kb, WARPS)
         x = kb_x
         if not X_AT_USE:
@@ -308,10 +308,10 @@ if HAVE_GLUON:
         per-channel); ADJACENT_ROWS: the row order of the module docstring, PARAMS_VECTOR: with N a multiple of
         ROWS / 8, so that every thread's scales and zeros are one vector load. ZEROS_BY_X_SUM: integer and symmetric
         zeros folded through the x sums too (as fractional zeros are). X_AT_USE: x's block loaded in the step that
-        uses it, not AHEAD steps before with the weights' (x is read from L2 and its registers go to a deeper ring
-        of words). WAIT_PRIOR: launched as a programmatic dependent of act-order's gather of x (plan option
-        GATHER_PDL): x's loads wait for it (griddepcontrol.wait); the words, scales and zeros of the first blocks
-        need not."""
+        uses it, not AHEAD steps before with the weights' (x comes from L1 / L2, a shorter wait than the words', and
+        its registers, 16 a step at BLOCK_M 8, are not held across steps). WAIT_PRIOR: launched as a programmatic
+        dependent of act-order's gather of x (plan option GATHER_PDL): x's loads wait for it (griddepcontrol.wait);
+        the words, scales and zeros of the first blocks need not."""
         # integer zeros (uint8: 0..127, layout.py) and symmetric weights subtract the zero in the operand (one fma
         # per word, exact), which spares the x sums' MMAs (a third of them at BLOCK_M 8, for 13% more instructions);
         # fractional (float) zeros fold it through them
@@ -386,16 +386,16 @@ if HAVE_GLUON:
                 ring = ring + ((early[j][0], x_ahead, early[j][1], early[j][2]),)
         else:
             for j in gl.static_range(AHEAD):
-                ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, num_kb_x, kb_p, num_kb, N, p_layout,
-                                          z_layout, WARPS, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND,
-                                          X_AT_USE),)
+                ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, num_kb_x, kb_p, num_kb, N,
+                                          p_layout, z_layout, WARPS, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP,
+                                          ZERO_IN_OPERAND, X_AT_USE),)
         ones = gl.full([WARPS, ROWS, 64 // PIECES], 1.0, dtype, layout=a_layout)  # (x sums: unused with ZERO_IN_OPERAND)
         acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
         zero_acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
         for i0 in range(0, steps, AHEAD + 1):
             for j in gl.static_range(AHEAD + 1):
-                fresh = _load_step(qw_base, x_base, s_base, z_base, i0 + j + AHEAD, kb_w, kb_x, num_kb_x, kb_p, num_kb, N,
-                                   p_layout, z_layout, WARPS, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND,
+                fresh = _load_step(qw_base, x_base, s_base, z_base, i0 + j + AHEAD, kb_w, kb_x, num_kb_x, kb_p, num_kb,
+                                   N, p_layout, z_layout, WARPS, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND,
                                    X_AT_USE)
                 if j == 0:
                     current = ring[0]
@@ -479,9 +479,9 @@ _INT_ARGS = ("M", "N", "K", "stride_xm", "stride_ym")
 def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int, group_size: int,
                    symmetric: bool) -> tuple[dict, dict]:
     """(constexprs, options) of `_decode_kernel` for a decode plan's configuration `cfg` (num_warps, ROWS, AHEAD,
-    maxnreg, ZEROS_BY_X_SUM, ADJACENT_ROWS, X_AT_USE, GATHER_PDL: WAIT_PRIOR and a programmatic launch, kept by the dispatcher only
-    for act-order weights on sm_90+) and a call's BLOCK_M, weight shape (N decides PARAMS_VECTOR) and format, or a
-    ValueError naming the entry the kernel cannot take."""
+    maxnreg, ZEROS_BY_X_SUM, ADJACENT_ROWS, X_AT_USE, GATHER_PDL: WAIT_PRIOR and a programmatic launch, kept by the
+    dispatcher only for act-order weights on sm_90+) and a call's BLOCK_M, weight shape (N decides PARAMS_VECTOR)
+    and format, or a ValueError naming the entry the kernel cannot take."""
     warps, rows, ahead = cfg.get("num_warps", 4), cfg.get("ROWS", 16), cfg.get("AHEAD", 1)
     if rows not in DECODE_ROWS:
         raise ValueError(f"config ROWS must be one of {DECODE_ROWS} for path 'decode', got {rows!r}")
