@@ -63,31 +63,6 @@ def test_decode_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmet
     assert compiled.metadata.enable_fp_fusion  # launch.COMPILE_OPTIONS reached the compiler
 
 
-@pytest.mark.parametrize("dtype,symmetric,zeros_dtype,group_size,warps,in_features", [
-    (torch.float16, False, torch.uint8, 128, 8, 4096),
-    (torch.bfloat16, True, torch.uint8, 64, 4, 14336),
-    (torch.float16, False, torch.float16, 32, 2, 640),
-])
-def test_decode_gathers_x_for_sm90(w4a16, pristine_triton_language, dtype, symmetric, zeros_dtype, group_size, warps,
-                                   in_features):
-    """GATHER_X (act-order at M = 1): x's row gathered by perm into shared memory in the prologue, after the first
-    words' loads; the loop reads x from there (no 8-byte x loads from global memory, no gather to wait for)."""
-    decode = w4a16.gemm_decode
-    if not decode.HAVE_GLUON:
-        pytest.skip("this Triton has no Gluon")
-    compiled = decode.compile_for_sm90(dtype, 8, warps, 16, 1, symmetric, zeros_dtype, group_size=group_size, maxnreg=128,
-                                       in_features=in_features, gather_x=True)
-    ptx = compiled.asm["ptx"]
-    slabs = 1 << (-(-in_features // 128 // warps) - 1).bit_length()
-    assert "griddepcontrol" not in ptx and "ld.global.v2.b32" not in ptx
-    assert ptx.count("ld.global.b64") == 4 * slabs  # perm: two rows of each of a thread's two pairs per slab
-    assert ptx.index("ld.global.v4") < ptx.index("ld.global.b64")  # the first words' loads go out before the gather
-    assert compiled.metadata.shared >= slabs * warps * 256  # the gathered row: 4 bytes per pair
-    with pytest.raises(ValueError, match="GATHER_X holds x's gathered blocks in shared memory"):
-        decode.compile_for_sm90(dtype, 8, 1, 16, 1, symmetric, zeros_dtype, group_size=group_size, in_features=65536,
-                                gather_x=True)
-
-
 def test_decode_refuses_what_it_cannot_run(w4a16, device):
     """Forced where it cannot run, or with a configuration or a call it does not take: a clear error naming the
     argument, not a crash inside Triton."""
@@ -108,11 +83,6 @@ def test_decode_refuses_what_it_cannot_run(w4a16, device):
     odd, _ = random_layer(w4a16, 320, 40, 64, False, torch.float16, device, seed=4)
     with pytest.raises(ValueError, match="multiple of 128"):
         call(k=320, w=odd)
-    shuffled, _ = random_layer(w4a16, 256, 40, 64, False, torch.float16, device, act_order=True, seed=5)
-    with pytest.raises(ValueError, match="GATHER_X gathers one token"):
-        x = torch.randn(2, 256, dtype=torch.float16, device=device)
-        w4a16.matmul.w4a16_matmul(x, shuffled.qweight, shuffled.scales, shuffled.zeros, shuffled.perm, 256, 64,
-                                  path="decode", config={"GATHER_X": True})
     if not _on_nvidia():
         with pytest.raises(RuntimeError, match="compute capability"):
             call()
@@ -176,39 +146,6 @@ def test_shipped_gluon_entries_carry_a_runnable_fallback(w4a16):
 def test_decode_matches_reference(w4a16, dtype, k, n, group_size, symmetric, fractional, config):
     weight, ref = random_layer(w4a16, k, n, group_size, symmetric, dtype, "cuda", seed=21, fractional_zeros=fractional)
     assert_path_matches_reference(w4a16, weight, ref, ("decode", config), dtype, "cuda", (1, 2, 3, 8, 9, 16), seed=22)
-
-
-@pytest.mark.skipif(not _on_nvidia(), reason="the Gluon kernel needs an NVIDIA GPU (sm_80+)")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("k,n,group_size,symmetric,fractional", [
-    (512, 200, 128, False, False),
-    (640, 24, 32, False, True),      # 5 blocks: the warps' shares differ, slabs past K
-    (1024, 136, 64, True, False),
-    (4096, 72, 128, False, False),   # a real K: 4 slabs at 8 warps
-])
-@pytest.mark.parametrize("config", [
-    {"num_warps": 8, "ROWS": 16, "AHEAD": 1, "maxnreg": 128, "GATHER_X": True},
-    {"num_warps": 4, "ROWS": 32, "AHEAD": 2, "ADJACENT_ROWS": True, "GATHER_X": True, "GATHER_PDL": True},
-    {"num_warps": 2, "ROWS": 16, "AHEAD": 3, "ZEROS_BY_X_SUM": True, "GATHER_X": True},
-])
-def test_decode_gather_x_matches_reference(w4a16, dtype, k, n, group_size, symmetric, fractional, config):
-    """Act-order at M = 1 with x gathered inside the kernel (GATHER_X; GATHER_PDL moot then): against the float64
-    reference of the unpermuted weight, x given in its own order; back to back and in a CUDA graph."""
-    weight, ref = random_layer(w4a16, k, n, group_size, symmetric, dtype, "cuda", act_order=True, seed=23,
-                               fractional_zeros=fractional)
-    assert weight.perm is not None
-    assert_path_matches_reference(w4a16, weight, ref, ("decode", config), dtype, "cuda", (1, 1), seed=24)
-    x = torch.randn(1, k, device="cuda", dtype=dtype)
-    call = lambda: w4a16.matmul.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, weight.perm, k,  # noqa: E731
-                                             weight.group_size, path="decode", config=config)
-    call()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = call()
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    expected = x.double() @ ref
-    assert float((y.double() - expected).norm() / expected.norm()) < TOL[dtype]
 
 
 def test_decode_keeps_gather_pdl_only_for_act_order(w4a16, device):

@@ -15,7 +15,7 @@ Paths:
     tiled      tensor-core kernel without split-K, mid-size M
     decode     NVIDIA mma.sync kernel (Gluon, gemm_decode.py), M <= 16: one program per ROWS weight rows and all
                of K, the K blocks split over its num_warps warps (no split-K workspace); ROWS, AHEAD (register
-               ring depth), maxnreg, ZEROS_BY_X_SUM, ADJACENT_ROWS, X_AT_USE, GATHER_PDL / GATHER_X (act-order). Its entries carry
+               ring depth), maxnreg, ZEROS_BY_X_SUM, ADJACENT_ROWS, X_AT_USE, GATHER_PDL (act-order). Its entries carry
                FALLBACK, as pingpong's do (no Gluon, AMD)
     pingpong   Hopper warp-specialised kernel (Gluon, gemm_pingpong.py), mid and large M: consumer
                warpgroups (CONSUMERS, 2 or 1) unpack and multiply while a loader warp streams x by TMA;
@@ -159,15 +159,9 @@ def programmatic_launch(device: torch.device) -> bool:
 def _applicable(plan: Plan, act_order: bool, device: torch.device) -> Plan:
     """`plan` without the options that do not apply to this call, decided once per plan (not per call):
     GATHER_PDL (act-order's GEMM launched as a programmatic dependent of the gather of x) needs
-    act-order weights, a path of GATHER_PDL_PATHS and `programmatic_launch`; GATHER_X (act-order's x gathered
-    inside the decode kernel, no gather launch) act-order weights and the decode path; elsewhere they are dropped."""
-    dropped = set()
+    act-order weights, a path of GATHER_PDL_PATHS and `programmatic_launch`; elsewhere it is dropped."""
     if plan.config.get("GATHER_PDL") and not (act_order and plan.path in GATHER_PDL_PATHS and programmatic_launch(device)):
-        dropped.add("GATHER_PDL")
-    if plan.config.get("GATHER_X") and not (act_order and plan.path == "decode"):
-        dropped.add("GATHER_X")
-    if dropped:
-        return Plan(plan.path, {k: v for k, v in plan.config.items() if k not in dropped}, plan.source)
+        return Plan(plan.path, {k: v for k, v in plan.config.items() if k != "GATHER_PDL"}, plan.source)
     return plan
 
 
@@ -200,13 +194,13 @@ def _heuristic(m: int, n: int, k: int, sm_count: int) -> Plan:
 
 CONFIG_KEYS = ("BLOCK_N", "BLOCK_M", "SPLIT_K", "PROGRAMS", "num_warps", "num_stages", "maxnreg", "SCALE_IN_OPERAND", "ONE_TOKEN",
                "DOT_PARTS", "GATHER_PDL", "CONSUMERS", "STREAM_PARAMS", "UNPACK_AHEAD", "ROWS", "AHEAD",
-               "ZEROS_BY_X_SUM", "ADJACENT_ROWS", "X_AT_USE", "GATHER_X")
+               "ZEROS_BY_X_SUM", "ADJACENT_ROWS", "X_AT_USE")
 
 
 # the on / off options among them: bools (a forced config is checked in `_forced`, the one place caller-given
 # configurations enter; the shipped table's entries by tests/test_gemm.py's table test)
 CONFIG_OPTIONS = ("SCALE_IN_OPERAND", "ONE_TOKEN", "GATHER_PDL", "STREAM_PARAMS", "UNPACK_AHEAD", "ZEROS_BY_X_SUM",
-                  "ADJACENT_ROWS", "X_AT_USE", "GATHER_X")
+                  "ADJACENT_ROWS", "X_AT_USE")
 
 
 def row_config(row: dict) -> dict:

@@ -238,46 +238,6 @@ if HAVE_GLUON:
         return gl.inline_asm_elementwise("griddepcontrol.wait; mov.b32 $0, $1;", "=r,r", [t], dtype=gl.int32,
                                          is_pure=False, pack=1)
 
-    @gluon.constexpr_function
-    def _gathered_layout(WARPS, TOKEN_LANES):
-        # x's gathered blocks as 32-bit row pairs [WARPS, 64, tokens], blocked: pair bit 0 in registers, the next bits
-        # on 32 / TOKEN_LANES lanes, tokens on TOKEN_LANES lanes, warp w on dim 0. With TOKEN_LANES 8 (pair bits 1-2
-        # on lanes 0-1, tokens on lanes 2-4) it is x_layout's arrangement, and a one-token tensor broadcasts over the
-        # token lanes
-        return gl.BlockedLayout([1, 2, 1], [1, 32 // TOKEN_LANES, TOKEN_LANES], [WARPS, 1, 1], [1, 2, 0])
-
-    @gluon.jit
-    def _gather_x(x_ptr, perm_ptr, m0, stride_xm, num_kb, WARPS: gl.constexpr, X_SLABS: gl.constexpr):
-        """Act-order's x[m0, perm[k]] (one token) for every K block into shared memory [X_SLABS, WARPS, 64, 1] as
-        32-bit row pairs (pair j of block kb: rows 2 j, 2 j + 1), in the loop's block order: [s, w] holds block
-        s * WARPS + w (blocks past K the last one again, as the loop's clamped loads would read). perm int64 [K];
-        x's row m0 at x_ptr + m0 * stride_xm. Two pairs a thread per slab; every slab's loads are issued before the
-        first store (a store to shared memory is followed by a barrier)."""
-        layout: gl.constexpr = _gathered_layout(WARPS, 1)
-        w = gl.expand_dims(gl.expand_dims(gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout))), 1), 2)
-        j = gl.expand_dims(gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout))), 0), 2)
-        x_row = x_ptr.to(gl.pointer_type(gl.uint16), bitcast=True) + m0 * stride_xm
-        gathered = gl.allocate_shared_memory(gl.uint32, [X_SLABS, WARPS, 64, 1],
-                                             gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0]))
-        pairs = ()
-        for s in gl.static_range(X_SLABS):
-            row = gl.minimum(s * WARPS + w, num_kb - 1) * 128 + 2 * j  # [WARPS, 64, 1]
-            low = gl.load(x_row + gl.load(perm_ptr + row).to(gl.int32)).to(gl.uint32)
-            high = gl.load(x_row + gl.load(perm_ptr + row + 1).to(gl.int32)).to(gl.uint32)
-            pairs = pairs + (low | (high << 16),)
-        for s in gl.static_range(X_SLABS):
-            gathered.index(s).store(pairs[s])
-        return gathered
-
-    @gluon.jit
-    def _load_gathered_x(gathered, step, x_layout: gl.constexpr, WARPS: gl.constexpr, BLOCK_M: gl.constexpr):
-        """Step `step`'s x blocks from `_gather_x`'s shared memory, [WARPS, 64, BLOCK_M] in x_layout (the token's
-        pairs broadcast over the token lanes: tokens past M are never stored)."""
-        X_SLABS: gl.constexpr = gathered.shape[0]
-        x = gathered.index(gl.minimum(step, X_SLABS - 1)).load(_gathered_layout(WARPS, 8))
-        x = x + gl.zeros([WARPS, 64, BLOCK_M], gl.uint32, layout=_gathered_layout(WARPS, 8))
-        return gl.convert_layout(x, x_layout)
-
     @gluon.jit
     def _load_params(s_base, z_base, step, kb_p, num_kb, N, p_layout: gl.constexpr, z_layout: gl.constexpr,
                      WARPS: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr,
@@ -338,12 +298,11 @@ if HAVE_GLUON:
         return acc
 
     @gluon.jit
-    def _decode_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_ym, perm_ptr,
+    def _decode_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
                        WARPS: gl.constexpr, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, AHEAD: gl.constexpr,
                        SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr,
                        ADJACENT_ROWS: gl.constexpr, PARAMS_VECTOR: gl.constexpr, ZEROS_BY_X_SUM: gl.constexpr,
-                       X_AT_USE: gl.constexpr, WAIT_PRIOR: gl.constexpr, GATHER_X: gl.constexpr,
-                       X_SLABS: gl.constexpr):
+                       X_AT_USE: gl.constexpr, WAIT_PRIOR: gl.constexpr):
         """y[M, N] = x[M, K] @ W: see the module docstring. GROUPS: scale groups per 128-row block
         (`layout.groups_per_block`: 1 when a group spans the block); BLOCKS_PER_GROUP: blocks per group then (0:
         per-channel); ADJACENT_ROWS: the row order of the module docstring, PARAMS_VECTOR: with N a multiple of
@@ -352,9 +311,7 @@ if HAVE_GLUON:
         uses it, not AHEAD steps before with the weights' (x comes from L1 / L2, a shorter wait than the words', and
         its registers, 16 a step at BLOCK_M 8, are not held across steps). WAIT_PRIOR: launched as a programmatic
         dependent of act-order's gather of x (plan option GATHER_PDL): x's loads wait for it (griddepcontrol.wait);
-        the words, scales and zeros of the first blocks need not. GATHER_X (act-order at M = 1, with X_AT_USE): no
-        gather before the kernel; after issuing its first AHEAD steps' weight loads each program gathers x's row by
-        perm_ptr (int64 [K]) into shared memory (`_gather_x`, X_SLABS >= the steps), from where the loop loads it."""
+        the words, scales and zeros of the first blocks need not."""
         # integer zeros (uint8: 0..127, layout.py) and symmetric weights subtract the zero in the operand (one fma
         # per word, exact), which spares the x sums' MMAs (a third of them at BLOCK_M 8, for 13% more instructions);
         # fractional (float) zeros fold it through them
@@ -432,9 +389,6 @@ if HAVE_GLUON:
                 ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, num_kb_x, kb_p, num_kb, N,
                                           p_layout, z_layout, WARPS, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP,
                                           ZERO_IN_OPERAND, X_AT_USE),)
-        if GATHER_X:  # (after the prologue's weight loads, which need no x)
-            gathered = _gather_x(x_ptr, perm_ptr, m0, stride_xm, num_kb, WARPS, X_SLABS)
-            _cta_barrier()
         ones = gl.full([WARPS, ROWS, 64 // PIECES], 1.0, dtype, layout=a_layout)  # (x sums: unused with ZERO_IN_OPERAND)
         acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
         zero_acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
@@ -459,9 +413,7 @@ if HAVE_GLUON:
                             refilled = refilled + (ring[t],)
                     ring = refilled
                 words, x, scales, zeros = current
-                if GATHER_X:
-                    x = _load_gathered_x(gathered, i0 + j, x_layout, WARPS, BLOCK_M)
-                elif X_AT_USE:
+                if X_AT_USE:
                     x = _load_x(x_base, i0 + j, kb_x, num_kb_x, WARPS)
                 valid = (i0 + j) * WARPS + kb_v < num_kb
                 # the block as two halves h (word columns of parity h: block rows 64 h ..), each half's operands
@@ -520,20 +472,16 @@ class _DecodeLaunch:
     prepared: PreparedLaunch
 
 
-_TENSOR_ARGS = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr", "perm_ptr")
+_TENSOR_ARGS = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr")
 _INT_ARGS = ("M", "N", "K", "stride_xm", "stride_ym")
 
 
-GATHER_X_SHARED_BYTES = 65536  # x's gathered blocks per program (GATHER_X): at most this, so that programs share an SM
-
-
 def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int, group_size: int,
-                   symmetric: bool, one_token: bool = False) -> tuple[dict, dict]:
+                   symmetric: bool) -> tuple[dict, dict]:
     """(constexprs, options) of `_decode_kernel` for a decode plan's configuration `cfg` (num_warps, ROWS, AHEAD,
     maxnreg, ZEROS_BY_X_SUM, ADJACENT_ROWS, X_AT_USE, GATHER_PDL: WAIT_PRIOR and a programmatic launch, kept by the
-    dispatcher only for act-order weights on sm_90+; GATHER_X: x gathered by the kernel, act-order at M = 1 only,
-    which makes GATHER_PDL moot) and a call's BLOCK_M, weight shape (N decides PARAMS_VECTOR), format and whether it
-    has one token, or a ValueError naming the entry the kernel cannot take."""
+    dispatcher only for act-order weights on sm_90+) and a call's BLOCK_M, weight shape (N decides PARAMS_VECTOR)
+    and format, or a ValueError naming the entry the kernel cannot take."""
     warps, rows, ahead = cfg.get("num_warps", 4), cfg.get("ROWS", 16), cfg.get("AHEAD", 1)
     if rows not in DECODE_ROWS:
         raise ValueError(f"config ROWS must be one of {DECODE_ROWS} for path 'decode', got {rows!r}")
@@ -541,17 +489,7 @@ def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int,
         raise ValueError(f"config num_warps must be a power of two <= 16 for path 'decode', got {warps!r}")
     if ahead not in (1, 2, 3):
         raise ValueError(f"config AHEAD must be 1, 2 or 3 for path 'decode', got {ahead!r}")
-    gather = bool(cfg.get("GATHER_X", False))
-    wait_prior = bool(cfg.get("GATHER_PDL", False)) and not gather
-    steps = -(-(in_features // K_BLOCK) // warps)
-    slabs = 1 << (steps - 1).bit_length()  # (a power of two: gl.arange)
-    if gather and not one_token:  # (per program, M tokens' gathers would cost M times the loads)
-        raise ValueError("config GATHER_X gathers one token's x in the kernel (act-order at M = 1) for path 'decode', "
-                         "got a call of M > 1: take a plan without it")
-    if gather and slabs * warps * 256 > GATHER_X_SHARED_BYTES:
-        raise ValueError(f"config GATHER_X holds x's gathered blocks in shared memory for path 'decode': "
-                         f"{slabs * warps * 256} bytes at K={in_features} and num_warps={warps}, at most "
-                         f"{GATHER_X_SHARED_BYTES}: take a plan without it")
+    wait_prior = bool(cfg.get("GATHER_PDL", False))
     groups = groups_per_block(group_size, in_features)
     # K blocks per scale group where a group spans blocks: G / 128, or 0 for one group spanning K (per-channel, not
     # specialised on K); unused (1) where a block holds several groups
@@ -562,24 +500,21 @@ def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int,
     constexprs = dict(WARPS=warps, ROWS=rows, BLOCK_M=block_m, AHEAD=ahead, SYMMETRIC=symmetric, GROUPS=groups,
                       BLOCKS_PER_GROUP=blocks_per_group, ADJACENT_ROWS=adjacent,
                       PARAMS_VECTOR=adjacent and out_features % (rows // 8) == 0,
-                      ZEROS_BY_X_SUM=bool(cfg.get("ZEROS_BY_X_SUM", False)),
-                      X_AT_USE=bool(cfg.get("X_AT_USE", False)) or gather, WAIT_PRIOR=wait_prior, GATHER_X=gather,
-                      X_SLABS=slabs if gather else 1)
+                      ZEROS_BY_X_SUM=bool(cfg.get("ZEROS_BY_X_SUM", False)), X_AT_USE=bool(cfg.get("X_AT_USE", False)),
+                      WAIT_PRIOR=wait_prior)
     maxnreg = cfg.get("maxnreg")
     options = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {}), **({"launch_pdl": True} if wait_prior else {})}
     return constexprs, options
 
 
 def _decode_launch(plan, m: int, in_features: int, out_features: int, group_size: int, symmetric: bool) -> _DecodeLaunch:
-    """The plan's launch for this token count's BLOCK_M (and whether it is one token: GATHER_X) and this format, made
-    on first use (its configuration checked then: a ValueError naming the entry, on any device) and kept in
-    `plan.launches`."""
+    """The plan's launch for this token count's BLOCK_M and this format, made on first use (its configuration checked
+    then: a ValueError naming the entry, on any device) and kept in `plan.launches`."""
     block_m = 8 if m <= 8 else 16
-    key = ("decode", block_m, m == 1, in_features, out_features, group_size, symmetric)
+    key = ("decode", block_m, in_features, out_features, group_size, symmetric)
     run = plan.launches.get(key)
     if run is None:
-        constexprs, options = _launch_config(plan.config, block_m, in_features, out_features, group_size, symmetric,
-                                             m == 1)
+        constexprs, options = _launch_config(plan.config, block_m, in_features, out_features, group_size, symmetric)
         if not HAVE_GLUON:
             raise RuntimeError(_UNAVAILABLE)
         run = plan.launches[key] = _DecodeLaunch(constexprs["ROWS"], block_m, PreparedLaunch(
@@ -590,10 +525,9 @@ def _decode_launch(plan, m: int, in_features: int, out_features: int, group_size
 _UNAVAILABLE = "w4a16: path 'decode' needs Gluon (Triton >= 3.5) and an NVIDIA GPU of compute capability >= 8.0"
 
 
-def launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int, plan, out=None, perm=None) -> torch.Tensor:
-    """y = x2 @ W by `_decode_kernel` with the plan's (a dispatch.Plan) configuration (`_launch_config`). `perm`
-    (int64 [K], act-order) only for a plan with GATHER_X, where x2 is the caller's x, not yet gathered."""
-    return _launch_decode(x2, qweight, scales, zeros, in_features, group_size, plan, out, keep=False, perm=perm)[0]
+def launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int, plan, out=None) -> torch.Tensor:
+    """y = x2 @ W by `_decode_kernel` with the plan's (a dispatch.Plan) configuration (`_launch_config`)."""
+    return _launch_decode(x2, qweight, scales, zeros, in_features, group_size, plan, out, keep=False)[0]
 
 
 def launch_decode_kept(x2, qweight, scales, zeros, in_features: int, group_size: int, plan) -> tuple[torch.Tensor, RepeatLaunch | None]:
@@ -602,15 +536,11 @@ def launch_decode_kept(x2, qweight, scales, zeros, in_features: int, group_size:
     return _launch_decode(x2, qweight, scales, zeros, in_features, group_size, plan, None, keep=True)
 
 
-_REPEAT_SLOTS = tuple(range(5))  # x, qweight, scales, zeros, y: every tensor per repeat but perm_ptr's stand-in
+_REPEAT_SLOTS = tuple(range(len(_TENSOR_ARGS)))  # x, qweight, scales, zeros, y: every tensor per repeat
 
 
-def _launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int, plan, out, keep: bool, perm=None):
+def _launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int, plan, out, keep: bool):
     m, k = x2.shape
-    if bool(plan.config.get("GATHER_X", False)) != (perm is not None):
-        raise ValueError("w4a16: path 'decode' takes perm exactly when its config has GATHER_X (act-order's x gathered "
-                         f"in the kernel), got GATHER_X={plan.config.get('GATHER_X', False)} and perm "
-                         f"{'given' if perm is not None else 'None'}")
     if m > 16:
         raise ValueError(f"w4a16: path 'decode' takes M <= 16 tokens, got M={m}")
     if k % K_BLOCK:
@@ -625,7 +555,7 @@ def _launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int
     n = scales.shape[1]
     y = torch.empty((m, n), device=x2.device, dtype=x2.dtype) if out is None else out
     grid = (-(-n // run.rows), -(-m // run.block_m))
-    tensors = (x2, qweight, scales, scales if zeros is None else zeros, y, qweight if perm is None else perm)
+    tensors = (x2, qweight, scales, scales if zeros is None else zeros, y)
     ints = (m, n, k, x2.stride(0), y.stride(0))
     stream = current_stream(x2.device)
     run.prepared(grid, tensors, ints, stream)
@@ -639,17 +569,16 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 8, warps
                      symmetric: bool = False, zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None,
                      group_size: int = 128, maxnreg: int | None = None, in_features: int = 4096, out_features: int = 4096,
                      zeros_by_x_sum: bool = False, wait_prior: bool = False, adjacent_rows: bool = False,
-                     x_at_use: bool = False, gather_x: bool = False):
+                     x_at_use: bool = False):
     """Compile `_decode_kernel` for sm_90 without a GPU, with the constexprs and options a launch of that plan
     configuration would take (`_launch_config`). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
     cfg = {"num_warps": warps, "ROWS": rows, "AHEAD": ahead, "ZEROS_BY_X_SUM": zeros_by_x_sum, "GATHER_PDL": wait_prior,
-           "ADJACENT_ROWS": adjacent_rows, "X_AT_USE": x_at_use, "GATHER_X": gather_x,
-           **({"maxnreg": maxnreg} if maxnreg else {})}
-    constexprs, options = _launch_config(cfg, block_m, in_features, out_features, group_size, symmetric, gather_x)
+           "ADJACENT_ROWS": adjacent_rows, "X_AT_USE": x_at_use, **({"maxnreg": maxnreg} if maxnreg else {})}
+    constexprs, options = _launch_config(cfg, block_m, in_features, out_features, group_size, symmetric)
     s_type = TRITON_TYPE_NAMES[scales_dtype or dtype]
     signature = {"x_ptr": f"*{TRITON_TYPE_NAMES[dtype]}", "qw_ptr": "*i32", "s_ptr": f"*{s_type}",
                  "z_ptr": f"*{s_type if symmetric else TRITON_TYPE_NAMES[zeros_dtype]}", "y_ptr": f"*{TRITON_TYPE_NAMES[dtype]}",
-                 **{name: "i32" for name in _INT_ARGS}, "perm_ptr": "*i64" if gather_x else "*i32"}
+                 **{name: "i32" for name in _INT_ARGS}}
     # (what a launch specialises on: 16-byte aligned tensors, ints divisible by 16)
     return compile_gluon_for_sm90(_decode_kernel, signature, constexprs, _TENSOR_ARGS + ("N", "K", "stride_xm", "stride_ym"),
                                   options)

@@ -127,10 +127,8 @@ def _matmul_checked(x, qweight, scales, zeros, perm, in_features: int, group_siz
     # GATHER_PDL (a tuned option of act-order entries, kept by the dispatcher on sm_90+ tensor-core plans
     # only): the GEMM is launched as a programmatic dependent of the gather, so its programs are placed
     # while the gather runs and wait (griddepcontrol.wait) before reading x. Faster on some shapes,
-    # slower on others (NOTES v16): data. GATHER_X (decode entries at M = 1): no gather launch, the
-    # kernel gathers x's row itself (NOTES v31).
-    gather_in_kernel = perm is not None and plan.config.get("GATHER_X", False)
-    if perm is not None and not gather_in_kernel:
+    # slower on others (NOTES v16): data.
+    if perm is not None:
         x2 = (x2.index_select(1, perm) if plan.path == "reference"
               else gather_columns(x2, perm, launch_dependents=plan.config.get("GATHER_PDL", False)))
     if plan.path == "reference":
@@ -138,8 +136,6 @@ def _matmul_checked(x, qweight, scales, zeros, perm, in_features: int, group_siz
     elif plan.path == "dense":
         w = dequantize_native(qweight, scales, zeros, in_features, group_size, x2.dtype)
         y = torch.nn.functional.linear(x2, w)
-    elif gather_in_kernel:
-        y = launch_decode(x2, qweight, scales, zeros, in_features, group_size, plan, out, perm=perm)
     elif keep_into is not None and out is None:
         y, repeat = launcher_for(plan.path, keep=True)(x2, qweight, scales, zeros, in_features, group_size, plan)
         if repeat is not None:
