@@ -267,19 +267,18 @@ if HAVE_GLUON:
     @gluon.jit
     def _load_step(qw_base, x_base, s_base, z_base, step, kb_w, kb_x, num_kb_x, kb_p, num_kb, N, p_layout: gl.constexpr,
                    z_layout: gl.constexpr, WARPS: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr,
-                   BLOCKS_PER_GROUP: gl.constexpr, ZERO_IN_OPERAND: gl.constexpr, X_AT_USE: gl.constexpr):
-        """Block kb = step * WARPS + w of each warp w: (words, x, scales, zeros), as `_load_words`, `_load_x` and
-        `_load_params` say (with X_AT_USE x is loaded where it is used: kb_x stands in, as a jit function's tuple holds
-        no None). No masks (a masked load costs a zeroing move per register): a block past K reads the last block
-        again and is dropped by its scale (the kernel zeroes it); rows past N and tokens past M are clamped (never
-        stored)."""
+                   BLOCKS_PER_GROUP: gl.constexpr, ZERO_IN_OPERAND: gl.constexpr, WITH_X: gl.constexpr):
+        """Block kb = step * WARPS + w of each warp w: (words, scales, zeros), and with WITH_X x's block after them,
+        as `_load_words`, `_load_params` and `_load_x` say. No masks (a masked load costs a zeroing move per
+        register): a block past K reads the last block again and is dropped by its scale (the kernel zeroes it); rows
+        past N and tokens past M are clamped (never stored)."""
         words = _load_words(qw_base, step, kb_w, num_kb, WARPS)
-        x = kb_x
-        if not X_AT_USE:
-            x = _load_x(x_base, step, kb_x, num_kb_x, WARPS)
+        loaded = ()
+        if WITH_X:  # (issued between the words and the parameters, as before the option existed)
+            loaded = (_load_x(x_base, step, kb_x, num_kb_x, WARPS),)
         scales, zeros = _load_params(s_base, z_base, step, kb_p, num_kb, N, p_layout, z_layout, WARPS, SYMMETRIC,
                                      GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND)
-        return words, x, scales, zeros
+        return (words, scales, zeros) + loaded
 
     @gluon.jit
     def _fold(acc, part, x_sum, s, z, valid, C: gl.constexpr, SYMMETRIC: gl.constexpr, ZERO_IN_OPERAND: gl.constexpr):
@@ -369,26 +368,20 @@ if HAVE_GLUON:
         steps = (num_kb + WARPS - 1) // WARPS
         # the register ring: each step's loads are issued AHEAD steps before their use; the loop is unrolled by
         # AHEAD + 1 so that every slot is refilled in place (a loop-carried tuple rotated by one costs a move per
-        # register)
+        # register). A slot: (words, scales, zeros), and x's block unless X_AT_USE.
+        X_AHEAD: gl.constexpr = not X_AT_USE
         ring = ()
-        if WAIT_PRIOR:  # every weight load of the first AHEAD steps goes out before the wait for the gather of x
-            early = ()
-            for j in gl.static_range(AHEAD):
-                words = _load_words(qw_base, j, kb_w, num_kb, WARPS)
-                scales, zeros = _load_params(s_base, z_base, j, kb_p, num_kb, N, p_layout, z_layout, WARPS,
-                                             SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND)
-                early = early + ((words, scales, zeros),)
+        for j in gl.static_range(AHEAD):
+            ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, num_kb_x, kb_p, num_kb, N,
+                                      p_layout, z_layout, WARPS, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND,
+                                      X_AHEAD and not WAIT_PRIOR),)
+        if WAIT_PRIOR:  # every weight load of the first AHEAD steps went out before the wait for the gather of x
             num_kb_x = _after_prior_grid(num_kb)
-            for j in gl.static_range(AHEAD):
-                x_ahead = kb_x  # (with X_AT_USE: loaded where it is used)
-                if not X_AT_USE:
-                    x_ahead = _load_x(x_base, j, kb_x, num_kb_x, WARPS)
-                ring = ring + ((early[j][0], x_ahead, early[j][1], early[j][2]),)
-        else:
-            for j in gl.static_range(AHEAD):
-                ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, num_kb_x, kb_p, num_kb, N,
-                                          p_layout, z_layout, WARPS, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP,
-                                          ZERO_IN_OPERAND, X_AT_USE),)
+            if X_AHEAD:  # then those steps' x blocks
+                weights = ring
+                ring = ()
+                for j in gl.static_range(AHEAD):
+                    ring = ring + (weights[j] + (_load_x(x_base, j, kb_x, num_kb_x, WARPS),),)
         ones = gl.full([WARPS, ROWS, 64 // PIECES], 1.0, dtype, layout=a_layout)  # (x sums: unused with ZERO_IN_OPERAND)
         acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
         zero_acc = gl.zeros([WARPS, ROWS, BLOCK_M], gl.float32, layout=mma)
@@ -396,7 +389,7 @@ if HAVE_GLUON:
             for j in gl.static_range(AHEAD + 1):
                 fresh = _load_step(qw_base, x_base, s_base, z_base, i0 + j + AHEAD, kb_w, kb_x, num_kb_x, kb_p, num_kb,
                                    N, p_layout, z_layout, WARPS, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND,
-                                   X_AT_USE)
+                                   X_AHEAD)
                 if j == 0:
                     current = ring[0]
                     extra = fresh
@@ -412,8 +405,10 @@ if HAVE_GLUON:
                         else:
                             refilled = refilled + (ring[t],)
                     ring = refilled
-                words, x, scales, zeros = current
-                if X_AT_USE:
+                words, scales, zeros = current[0], current[1], current[2]
+                if X_AHEAD:
+                    x = current[3]
+                else:
                     x = _load_x(x_base, i0 + j, kb_x, num_kb_x, WARPS)
                 valid = (i0 + j) * WARPS + kb_v < num_kb
                 # the block as two halves h (word columns of parity h: block rows 64 h ..), each half's operands
