@@ -5,8 +5,6 @@ variants (the Gluon API moves between Triton releases: this is where that shows)
 rule is checked on data. On an sm_90 GPU the kernel runs against the float64 reference of test_gemm.py.
 """
 
-import re
-
 import pytest
 import torch
 
@@ -23,24 +21,17 @@ def _on_hopper() -> bool:
     (torch.float16, False, torch.float16, 256, 4, 2, "spread"),  # group 32, float (fractional) zeros; aligned split-K
     (torch.float16, False, torch.uint8, 128, 1, 1, "counted"),  # one consumer per program, maxnreg 128
 ])
-@pytest.mark.parametrize("form", ["unpack", "unpack_ahead", "dequantizers1", "dequantizers2"])
+@pytest.mark.parametrize("unpack_ahead", [False, True])
 def test_pingpong_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmetric, zeros_dtype, block_m, groups,
-                                    consumers, reduction, form):
+                                    consumers, reduction, unpack_ahead):
     pingpong = w4a16.gemm_pingpong
     if not pingpong.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
-    dequantizers = int(form[-1]) if form.startswith("dequantizers") else 0
-    if dequantizers and (consumers == 1 or (dequantizers == 2 and block_m > 128)):
-        pytest.skip("DEQUANTIZERS has two consumers, and with 2 BLOCK_M <= 128")
     compiled = pingpong.compile_for_sm90(dtype, block_m, 3 if block_m < 256 else 2, symmetric, zeros_dtype, groups=groups,
                                          consumers=consumers, maxnreg=128 if consumers == 1 else None,
-                                         shared_tiles=reduction != "whole", unpack_ahead=form == "unpack_ahead",
-                                         spread=4 if reduction == "spread" else 0, dequantizers=dequantizers)
+                                         shared_tiles=reduction != "whole", unpack_ahead=unpack_ahead,
+                                         spread=4 if reduction == "spread" else 0)
     ptx = compiled.asm["ptx"]
-    # DEQUANTIZERS: both wgmma operands from shared memory (no register list for A), the unpacked weights stored there
-    # in 16-byte rows
-    assert (re.search(r"wgmma\.mma_async[^;]*\}, \{", ptx) is None) == bool(dequantizers)
-    assert not dequantizers or "st.shared.v4" in ptx
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx  # tensor cores fed by TMA
     assert "setmaxnreg" in ptx  # the partitions got their register budgets
     assert ("atom." in ptx) == (reduction != "whole")  # arrival counters only where tiles are shared
@@ -98,12 +89,6 @@ def test_pingpong_refuses_what_it_cannot_run(w4a16, device):
             call({"PROGRAMS": 4, "SPLIT_K": 2})
         with pytest.raises(ValueError, match="BLOCK_M must be 64, 128 or 256"):  # (32: its shared tiles went unreduced)
             call({"BLOCK_M": 32, "SPLIT_K": 2})
-        with pytest.raises(ValueError, match="DEQUANTIZERS must be 0, 1 or 2"):
-            call({"DEQUANTIZERS": 3})
-        with pytest.raises(ValueError, match="DEQUANTIZERS needs CONSUMERS 2"):
-            call({"DEQUANTIZERS": 1, "CONSUMERS": 1, "maxnreg": 128})
-        with pytest.raises(ValueError, match="with 2 BLOCK_M <= 128"):
-            call({"DEQUANTIZERS": 2, "BLOCK_M": 256, "num_stages": 2})
 
 
 @pytest.mark.skipif(not _on_hopper(), reason="the Gluon kernel needs an sm_90 GPU")
@@ -130,13 +115,6 @@ def test_pingpong_refuses_what_it_cannot_run(w4a16, device):
     {"BLOCK_M": 128, "num_stages": 3, "PROGRAMS": 5, "UNPACK_AHEAD": True},
     {"BLOCK_M": 64, "num_stages": 4, "PROGRAMS": 7, "CONSUMERS": 1, "maxnreg": 128, "UNPACK_AHEAD": True},
     {"BLOCK_M": 256, "num_stages": 2, "SPLIT_K": 1, "UNPACK_AHEAD": True},
-    # the weights unpacked into shared memory by one or two producer warpgroups: whole tiles, split-K (spread or
-    # counted), Stream-K (segments of odd lengths: the two dequantizers' shares differ)
-    {"BLOCK_M": 128, "num_stages": 3, "SPLIT_K": 1, "DEQUANTIZERS": 1},
-    {"BLOCK_M": 256, "num_stages": 2, "SPLIT_K": 2, "DEQUANTIZERS": 1},
-    {"BLOCK_M": 64, "num_stages": 4, "SPLIT_K": 3, "DEQUANTIZERS": 2},
-    {"BLOCK_M": 128, "num_stages": 2, "PROGRAMS": 5, "DEQUANTIZERS": 2},
-    {"BLOCK_M": 128, "num_stages": 3, "SPLIT_K": 4, "DEQUANTIZERS": 2},
 ])
 def test_pingpong_matches_reference(w4a16, dtype, k, n, group_size, symmetric, fractional, config):
     weight, ref = random_layer(w4a16, k, n, group_size, symmetric, dtype, "cuda", seed=21, fractional_zeros=fractional)
@@ -144,14 +122,14 @@ def test_pingpong_matches_reference(w4a16, dtype, k, n, group_size, symmetric, f
 
 
 @pytest.mark.skipif(not _on_hopper(), reason="the Gluon kernel needs an sm_90 GPU")
-@pytest.mark.parametrize("programs,options", [
-    (37, {}), (132, {}), (264, {"CONSUMERS": 1, "maxnreg": 128}), (37, {"UNPACK_AHEAD": True}),
-    (264, {"CONSUMERS": 1, "maxnreg": 128, "UNPACK_AHEAD": True}), (37, {"DEQUANTIZERS": 2}), (132, {"DEQUANTIZERS": 1})])
-def test_pingpong_stream_k_many_contributors(w4a16, programs, options):
+@pytest.mark.parametrize("programs,consumers,unpack_ahead", [(37, 2, False), (132, 2, False), (264, 1, False), (37, 2, True),
+                                                               (264, 1, True)])
+def test_pingpong_stream_k_many_contributors(w4a16, programs, consumers, unpack_ahead):
     """A persistent grid on few tiles: each tile's 24 K blocks are shared by many programs (one or two units each),
     and segments cross tile boundaries; the reduction must still sum every partial once, in order."""
     weight, ref = random_layer(w4a16, 3072, 200, 128, False, torch.float16, "cuda", seed=31)
-    config = {"BLOCK_M": 64, "num_stages": 4, "PROGRAMS": programs, **options}
+    config = {"BLOCK_M": 64, "num_stages": 4, "PROGRAMS": programs, "UNPACK_AHEAD": unpack_ahead,
+              **({"CONSUMERS": 1, "maxnreg": 128} if consumers == 1 else {})}
     assert_path_matches_reference(w4a16, weight, ref, ("pingpong", config), torch.float16, "cuda", (1, 64, 130), seed=32)
 
 

@@ -194,7 +194,7 @@ def _heuristic(m: int, n: int, k: int, sm_count: int) -> Plan:
 
 CONFIG_KEYS = ("BLOCK_N", "BLOCK_M", "SPLIT_K", "PROGRAMS", "num_warps", "num_stages", "maxnreg", "SCALE_IN_OPERAND", "ONE_TOKEN",
                "DOT_PARTS", "GATHER_PDL", "CONSUMERS", "STREAM_PARAMS", "UNPACK_AHEAD", "ROWS", "AHEAD",
-               "ZEROS_BY_X_SUM", "ADJACENT_ROWS", "X_AT_USE", "DEQUANTIZERS")
+               "ZEROS_BY_X_SUM", "ADJACENT_ROWS", "X_AT_USE")
 
 
 # the on / off options among them: bools (a forced config is checked in `_forced`, the one place caller-given

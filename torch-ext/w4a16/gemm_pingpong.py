@@ -59,8 +59,7 @@ from .layout import K_BLOCK, groups_per_block
 try:  # Gluon is experimental: absent before Triton 3.5, and its names move between releases
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                                   warpgroup_mma_wait)
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     # renamed after Triton 3.6 (the old names remain there as stubs that raise)
@@ -73,13 +72,6 @@ except ImportError:  # pragma: no cover - exercised only with an old Triton
 __all__ = ["HAVE_GLUON", "available", "launch_pingpong", "launch_pingpong_kept", "spread_split", "compile_for_sm90"]
 
 _CONSUMER_REGS = triton.language.constexpr(232)  # registers per consumer thread (setmaxnreg); the loader warp keeps 24
-# DEQUANTIZERS 1: 12 warps at launch (168 registers each); the consumers hold no operand, the dequantizer two units'
-# words ahead and a unit's unpacked halves; consumer 0 (the default partition) gets the rest: 512 - 168 - 176.
-# DEQUANTIZERS 2: 16 warps at launch (128 each); consumer 0 gets 512 - 104 - 2 * 152
-_SMEM_CONSUMER_REGS = triton.language.constexpr(168)
-_DEQUANTIZER_REGS = triton.language.constexpr(176)
-_PAIR_CONSUMER_REGS = triton.language.constexpr(104)
-_PAIR_DEQUANTIZER_REGS = triton.language.constexpr(152)
 # the magic-number unpack's constants (dequant.py) as values a Gluon kernel can read: fp16 / bf16
 _MAGIC_PAIRS = triton.language.constexpr((MAGIC_PAIR[torch.float16], MAGIC_PAIR[torch.bfloat16]))
 _MAGIC_VALUES = triton.language.constexpr((MAGIC_VALUE[torch.float16], MAGIC_VALUE[torch.bfloat16]))
@@ -150,13 +142,12 @@ if HAVE_GLUON:
         return gl.expand_dims(_pair_bits(s), 1), gl.expand_dims(_pair_bits(r), 1), gl.expand_dims(_pair_bits(e), 1)
 
     @gluon.jit
-    def _dequant_halves(words, scales, zeros, dtype: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr,
-                        MAGIC: gl.constexpr, MAGIC_VALUE: gl.constexpr, PAIR: gl.constexpr):
-        """words [rows, 16] uint32 and the rows' scales / zeros of the block's GROUPS groups (tuples) -> the block's two
-        halves [rows, 64] (h = 0, 1) of (q - z) * s in x's dtype, in K order, in the layout the unpack leaves them:
-        column k = 32 q1 + 16 q0 + 8 p2 + 4 p1 + 2 p0 + t of word p = 4 p2 + 2 p1 + p0, nibble q = 2 q1 + q0. Nibble q
-        of word column c = 2p + h is block row 64 h + 16 q + ..., so its group is (64 h + 16 q) * GROUPS // 128: static
-        in q, and h is the column's parity."""
+    def _operands(words, scales, zeros, a_layout: gl.constexpr, dtype: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr,
+                  MAGIC: gl.constexpr, MAGIC_VALUE: gl.constexpr, PAIR: gl.constexpr):
+        """words [64, 16] uint32 and the rows' scales / zeros of the block's GROUPS groups (tuples) -> the two A
+        operands [64, 64] (h = 0, 1) of (q - z) * s, operand column k = 32 q1 + 16 q0 + 8 p2 + 4 p1 + 2 p0 + t of word
+        p = 4 p2 + 2 p1 + p0, nibble q = 2 q1 + q0. Nibble q of word column c = 2p + h is block row 64 h + 16 q + ...,
+        so its group is (64 h + 16 q) * GROUPS // 128: static in q, and h is the column's parity."""
         params = ()
         for j in gl.static_range(GROUPS):
             params = params + (_pair_params(scales[j], zeros[j], dtype, SYMMETRIC, MAGIC_VALUE),)
@@ -172,20 +163,12 @@ if HAVE_GLUON:
                 r2 = gl.where(h_odd, odd[1], even[1])
                 e2 = gl.where(h_odd, odd[2], even[2])
             pairs = pairs + (_dequant_pairs(words, s2, r2, e2, q, MAGIC, PAIR),)
-        rows: gl.constexpr = words.shape[0]
         j = gl.join(gl.join(pairs[0], pairs[1]), gl.join(pairs[2], pairs[3]))  # (n, c, t, q0, q1)
-        j = gl.reshape(j, [rows, 2, 2, 2, 2, 2, 2, 2])  # (n, p2, p1, p0, h, t, q0, q1)
+        j = gl.reshape(j, [64, 2, 2, 2, 2, 2, 2, 2])  # (n, p2, p1, p0, h, t, q0, q1)
         j = gl.permute(j, (0, 7, 6, 1, 2, 3, 5, 4))  # (n, q1, q0, p2, p1, p0, t, h)
-        lo, hi = gl.split(gl.reshape(j, [rows, 64, 2]))
-        return lo.to(dtype, bitcast=True), hi.to(dtype, bitcast=True)
-
-    @gluon.jit
-    def _operands(words, scales, zeros, a_layout: gl.constexpr, dtype: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr,
-                  MAGIC: gl.constexpr, MAGIC_VALUE: gl.constexpr, PAIR: gl.constexpr):
-        """words [64, 16] in `_operand_words_layout` -> `_dequant_halves`' two halves as the wgmma A operands (a_layout):
-        that layout makes the unpack's output the operand's, so the conversion moves no data."""
-        lo, hi = _dequant_halves(words, scales, zeros, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
-        return (gl.convert_layout(lo, a_layout, assert_trivial=True), gl.convert_layout(hi, a_layout, assert_trivial=True))
+        lo, hi = gl.split(gl.reshape(j, [64, 64, 2]))
+        return (gl.convert_layout(lo.to(dtype, bitcast=True), a_layout, assert_trivial=True),
+                gl.convert_layout(hi.to(dtype, bitcast=True), a_layout, assert_trivial=True))
 
     @gluon.jit
     def _load_block(fetch, kb, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr):
@@ -291,85 +274,6 @@ if HAVE_GLUON:
         return warpgroup_mma(a_hi, x_smem.index(2 * stage + 1).permute((1, 0)), acc, is_async=True)
 
     @gluon.jit
-    def _accumulate_smem(w_smem, x_smem, w_ready, x_ready, empty, block_start, block_end, ring_start, mma_layout: gl.constexpr,
-                         CONSUMER: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
-        """The accumulator with DEQUANTIZERS: [64, BLOCK_M] fp32 [64, BLOCK_M] fp32 over K blocks [block_start, block_end): both operands from the
-        ring (the dequantizer's rows CONSUMER * 64 .. + 63 of the stage, and x's tile), two wgmma per block; a block's
-        MMAs stay in flight while the next block's are issued, and the stage is released once they are done."""
-        acc = gl.zeros([64, BLOCK_M], gl.float32, layout=mma_layout)
-        for kb in range(block_start, block_end):
-            i = ring_start + kb - block_start
-            stage = i % STAGES
-            mbarrier.wait(w_ready.index(stage), (i // STAGES) & 1)
-            mbarrier.wait(x_ready.index(stage), (i // STAGES) & 1)
-            for h in gl.static_range(2):
-                acc = warpgroup_mma(w_smem.index(2 * stage + h).slice(64 * CONSUMER, 64), x_smem.index(2 * stage + h).permute((1, 0)),
-                                    acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=2, deps=[acc])  # the previous block's two are done
-            if kb > block_start:
-                mbarrier.arrive(empty.index((i - 1) % STAGES), count=1)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-        mbarrier.arrive(empty.index((ring_start + block_end - block_start - 1) % STAGES), count=1)
-        return acc
-
-    @gluon.jit
-    def _load_unit(qw_ptr, s_ptr, z_ptr, unit, rows, cols, N, num_kb, tiles_m, group_size, num_groups, SYMMETRIC: gl.constexpr,
-                   GROUPS: gl.constexpr):
-        """Unit `unit`'s words [128, 16] (a weight tile's 128 rows, rows // 64 in two of layout.py's 64-row tiles) and
-        the rows' scales and zeros of the K block (`_load_block`)."""
-        tile = unit // num_kb
-        kb = unit - tile * num_kb
-        row_tile = (tile // tiles_m) * 2 + rows // 64  # the layout's 64-row tile of each row
-        n = row_tile * 64 + rows % 64
-        word_ptrs = qw_ptr + (row_tile.to(gl.int64) * num_kb * 1024 + (rows % 64) * 16)[:, None] + cols[None, :]
-        return _load_block((word_ptrs, s_ptr, z_ptr, n, n < N, N, group_size, num_groups), kb, SYMMETRIC, GROUPS)
-
-    @gluon.jit
-    def _dequantizer(x_desc, qw_ptr, s_ptr, z_ptr, x_smem, x_ready, w_smem, w_ready, empty, M, N, num_kb, group_size, num_groups,
-                     BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, D: gl.constexpr,
-                     DEQUANTIZERS: gl.constexpr):
-        """Dequantizer D of DEQUANTIZERS (4 warps, a weight row per thread; also x's loader for its units): the program's
-        units D, D + DEQUANTIZERS, ...: each unit's 128 x 128 weights, loaded two units ahead into registers,
-        unpacked to (q - z) * s in x's dtype and, once the consumers have released the unit's stage, stored into it (two
-        [128, 64] halves, the wgmma A operands of both consumers) after x's tile has been requested by TMA."""
-        dtype: gl.constexpr = w_smem.dtype
-        MAGIC: gl.constexpr = _MAGIC_PAIRS[0] if dtype == gl.float16 else _MAGIC_PAIRS[1]
-        MAGIC_VALUE: gl.constexpr = _MAGIC_VALUES[0] if dtype == gl.float16 else _MAGIC_VALUES[1]
-        PAIR: gl.constexpr = "f16x2" if dtype == gl.float16 else "bf16x2"
-        row_layout: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0])  # a row's 16 words (64 bytes)
-        rows = gl.arange(0, 128, layout=gl.SliceLayout(1, row_layout))
-        cols = gl.arange(0, 16, layout=gl.SliceLayout(0, row_layout))
-        start, end, total, tiles_m = _work_range(M, N, num_kb, BLOCK_M, 2)
-        # a ring of AHEAD of this dequantizer's units in registers: two units of the program ahead either way (loads past
-        # the program's units are clamped to its last: re-read, never used)
-        AHEAD: gl.constexpr = 2 // DEQUANTIZERS
-        ring = ()
-        for j in gl.static_range(AHEAD):
-            ring = ring + (_load_unit(qw_ptr, s_ptr, z_ptr, gl.minimum(start + D + j * DEQUANTIZERS, end - 1), rows, cols, N,
-                                      num_kb, tiles_m, group_size, num_groups, SYMMETRIC, GROUPS),)
-        for unit in range(start + D, end, DEQUANTIZERS):
-            words, s, z = ring[0]
-            following = _load_unit(qw_ptr, s_ptr, z_ptr, gl.minimum(unit + AHEAD * DEQUANTIZERS, end - 1), rows, cols, N, num_kb,
-                                   tiles_m, group_size, num_groups, SYMMETRIC, GROUPS)
-            if AHEAD == 2:
-                ring = (ring[1], following)
-            else:
-                ring = (following,)
-            lo, hi = _dequant_halves(words.to(gl.uint32, bitcast=True), s, z, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
-            i = unit - start
-            stage = i % STAGES
-            mbarrier.wait(empty.index(stage), ((i // STAGES) & 1) ^ 1)
-            tile = unit // num_kb
-            mbarrier.expect(x_ready.index(stage), 2 * x_desc.block_type.nbytes)
-            _tma_load(x_desc, [(tile % tiles_m) * BLOCK_M, (unit - tile * num_kb) * 128], x_ready.index(stage), x_smem.index(2 * stage))
-            _tma_load(x_desc, [(tile % tiles_m) * BLOCK_M, (unit - tile * num_kb) * 128 + 64], x_ready.index(stage),
-                      x_smem.index(2 * stage + 1))
-            w_smem.index(2 * stage).store(lo)
-            w_smem.index(2 * stage + 1).store(hi)
-            fence_async_shared()
-            mbarrier.arrive(w_ready.index(stage), count=1)
-
-    @gluon.jit
     def _store_y_chunk(y_ptr, values, offs_n, m_first, M, N, stride_ym, TOKENS: gl.constexpr):
         """y[m_first .. m_first + TOKENS - 1, offs_n] = values [64 weight rows, TOKENS tokens] (fp32, rounded to y's dtype);
         offs_n: the 64 rows in the row slice of `_y_layout`. The shared-tile reductions' store of one chunk."""
@@ -426,10 +330,10 @@ if HAVE_GLUON:
                 _store_y_chunk(y_ptr, reduced, offs_n, m0 + c * 32, M, N, stride_ym, 32)
 
     @gluon.jit
-    def _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, w_smem, w_ready, M, N, num_kb, group_size, num_groups,
+    def _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
                  stride_ym, unit, start, end, total, tiles_m, CONSUMER: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                  SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr,
-                 UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr, DEQUANTIZERS: gl.constexpr):
+                 UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr):
         """The program's segment that begins at `unit` (a tile's run of K blocks, up to the tile's or the program's
         end), for rows CONSUMER * 64 .. + 63 of the tile: the accumulator, then y when the segment is the whole tile,
         else its fp32 partial and, for the tile's last arrival, the sum of the tile's partials in program order.
@@ -448,12 +352,8 @@ if HAVE_GLUON:
         n = row_tile * 64 + rows
         # tile (n // 64, b) of 64 x 16 words is contiguous (1024 words); int64: the largest weights pass 2**31 bytes
         word_ptrs = qw_ptr + row_tile.to(gl.int64) * num_kb * 1024 + (rows * 16)[:, None] + cols[None, :]
-        if DEQUANTIZERS:
-            acc = _accumulate_smem(w_smem, x_smem, w_ready, x_ready, empty, block_start, block_end, unit - start, mma_layout,
-                                   CONSUMER, BLOCK_M, STAGES)
-        else:
-            acc = _accumulate(word_ptrs, s_ptr, z_ptr, x_smem, x_ready, empty, n, n < N, N, block_start, block_end, unit - start,
-                              group_size, num_groups, a_layout, mma_layout, BLOCK_M, STAGES, SYMMETRIC, GROUPS, UNPACK_AHEAD)
+        acc = _accumulate(word_ptrs, s_ptr, z_ptr, x_smem, x_ready, empty, n, n < N, N, block_start, block_end, unit - start,
+                          group_size, num_groups, a_layout, mma_layout, BLOCK_M, STAGES, SYMMETRIC, GROUPS, UNPACK_AHEAD)
 
         offs_n = row_tile * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
         offs_m = (tile % tiles_m) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
@@ -494,22 +394,22 @@ if HAVE_GLUON:
         return unit + block_end - block_start
 
     @gluon.jit
-    def _consumer(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, w_smem, w_ready, M, N, num_kb, group_size, num_groups,
+    def _consumer(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
                   stride_ym, CONSUMER: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SYMMETRIC: gl.constexpr,
                   GROUPS: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr, UNPACK_AHEAD: gl.constexpr,
-                  SPREAD: gl.constexpr, DEQUANTIZERS: gl.constexpr):
+                  SPREAD: gl.constexpr):
         """Rows CONSUMER * 64 .. + 63 of each weight tile in the program's units, one segment at a time."""
         start, end, total, tiles_m = _work_range(M, N, num_kb, BLOCK_M, CONSUMERS)
         if SHARED_TILES:
             unit = start
             while unit < end:
-                unit = _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, w_smem, w_ready, M, N, num_kb, group_size,
+                unit = _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
                                 num_groups, stride_ym, unit, start, end, total, tiles_m, CONSUMER, BLOCK_M, STAGES, SYMMETRIC, GROUPS,
-                                CONSUMERS, SHARED_TILES, UNPACK_AHEAD, SPREAD, DEQUANTIZERS)
+                                CONSUMERS, SHARED_TILES, UNPACK_AHEAD, SPREAD)
         else:  # one whole tile
-            _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, w_smem, w_ready, M, N, num_kb, group_size, num_groups,
+            _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
                      stride_ym, start, start, end, total, tiles_m, CONSUMER, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS,
-                     SHARED_TILES, UNPACK_AHEAD, SPREAD, DEQUANTIZERS)
+                     SHARED_TILES, UNPACK_AHEAD, SPREAD)
 
     @gluon.jit
     def _x_loader(x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
@@ -532,65 +432,32 @@ if HAVE_GLUON:
     @gluon.jit
     def _pingpong_kernel(x_desc, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, group_size, stride_ym,
                          BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr,
-                         CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr, UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr,
-                         DEQUANTIZERS: gl.constexpr):
+                         CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr, UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr):
         """y[M, N] = x[M, K] @ W[K, N]: see the module docstring for the contract, the work list and the partitions."""
         x_smem = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BLOCK_M, 64], x_desc.layout)
         x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        if DEQUANTIZERS:  # the dequantizers' ring, beside x's: a stage's two [128, 64] halves
-            w_smem = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, 128, 64], x_desc.layout)
-            w_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        else:  # (not read: x's ring stands in for the arguments)
-            w_smem = x_smem
-            w_ready = x_ready
         for i in gl.static_range(STAGES):
             mbarrier.init(x_ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=CONSUMERS)  # every consumer releases a stage
-            if DEQUANTIZERS:
-                mbarrier.init(w_ready.index(i), count=1)
         num_kb = (K + 127) // 128
         num_groups = K // group_size
         # (argument tuples written inline: a tuple assigned to a variable first turns its constexprs into values)
-        if DEQUANTIZERS == 1:  # (two consumers: the launcher checks)
+        if CONSUMERS == 2:
             gl.warp_specialize([
-                (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, w_smem, w_ready, M, N, num_kb,
-                             group_size, num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES,
-                             UNPACK_AHEAD, SPREAD, DEQUANTIZERS)),
-                (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, w_smem, w_ready, M, N, num_kb,
-                             group_size, num_groups, stride_ym, 1, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES,
-                             UNPACK_AHEAD, SPREAD, DEQUANTIZERS)),
-                (_dequantizer, (x_desc, qw_ptr, s_ptr, z_ptr, x_smem, x_ready, w_smem, w_ready, empty, M, N, num_kb, group_size,
-                                num_groups, BLOCK_M, STAGES, SYMMETRIC, GROUPS, 0, DEQUANTIZERS)),
-            ], [4, 4], [_SMEM_CONSUMER_REGS, _DEQUANTIZER_REGS])
-        elif DEQUANTIZERS == 2:  # (BLOCK_M <= 128: 16 warps leave 128 registers a thread at launch)
-            gl.warp_specialize([
-                (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, w_smem, w_ready, M, N, num_kb,
-                             group_size, num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES,
-                             UNPACK_AHEAD, SPREAD, DEQUANTIZERS)),
-                (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, w_smem, w_ready, M, N, num_kb,
-                             group_size, num_groups, stride_ym, 1, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES,
-                             UNPACK_AHEAD, SPREAD, DEQUANTIZERS)),
-                (_dequantizer, (x_desc, qw_ptr, s_ptr, z_ptr, x_smem, x_ready, w_smem, w_ready, empty, M, N, num_kb, group_size,
-                                num_groups, BLOCK_M, STAGES, SYMMETRIC, GROUPS, 0, DEQUANTIZERS)),
-                (_dequantizer, (x_desc, qw_ptr, s_ptr, z_ptr, x_smem, x_ready, w_smem, w_ready, empty, M, N, num_kb, group_size,
-                                num_groups, BLOCK_M, STAGES, SYMMETRIC, GROUPS, 1, DEQUANTIZERS)),
-            ], [4, 4, 4], [_PAIR_CONSUMER_REGS, _PAIR_DEQUANTIZER_REGS, _PAIR_DEQUANTIZER_REGS])
-        elif CONSUMERS == 2:
-            gl.warp_specialize([
-                (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, w_smem, w_ready, M, N, num_kb,
-                             group_size, num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES,
-                             UNPACK_AHEAD, SPREAD, DEQUANTIZERS)),
-                (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, w_smem, w_ready, M, N, num_kb,
-                             group_size, num_groups, stride_ym, 1, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES,
-                             UNPACK_AHEAD, SPREAD, DEQUANTIZERS)),
+                (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
+                             num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES,
+                             UNPACK_AHEAD, SPREAD)),
+                (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
+                             num_groups, stride_ym, 1, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES,
+                             UNPACK_AHEAD, SPREAD)),
                 (_x_loader, (x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M, STAGES, CONSUMERS)),
             ], [4, 1], [_CONSUMER_REGS, 24])
         else:  # one consumer per program: two programs per SM (with maxnreg 128) ping-pong instead
             gl.warp_specialize([
-                (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, w_smem, w_ready, M, N, num_kb,
-                             group_size, num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES,
-                             UNPACK_AHEAD, SPREAD, DEQUANTIZERS)),
+                (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
+                             num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES,
+                             UNPACK_AHEAD, SPREAD)),
                 (_x_loader, (x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M, STAGES, CONSUMERS)),
             ], [1], [24])
 
@@ -663,15 +530,8 @@ def _pingpong_launch(plan, in_features: int, group_size: int, symmetric: bool) -
         if block_m not in (64, 128, 256):  # the shared-tile reductions sum 64 / 32 tokens at a time
             raise ValueError(f"config BLOCK_M must be 64, 128 or 256 for path 'pingpong', got {block_m!r}")
         unpack_ahead = cfg.get("UNPACK_AHEAD", False)
-        dequantizers = cfg.get("DEQUANTIZERS", 0)
-        if dequantizers not in (0, 1, 2):
-            raise ValueError(f"config DEQUANTIZERS must be 0, 1 or 2 (producer warpgroups that unpack), got {dequantizers!r}")
-        if dequantizers and (consumers != 2 or unpack_ahead or (dequantizers == 2 and block_m > 128)):
-            raise ValueError("config DEQUANTIZERS needs CONSUMERS 2 and no UNPACK_AHEAD (its consumers unpack nothing), and "
-                             f"with 2 BLOCK_M <= 128 (registers), got {cfg!r}")
         constexprs = dict(BLOCK_M=block_m, STAGES=cfg.get("num_stages", 4), SYMMETRIC=symmetric,
-                          GROUPS=groups_per_block(group_size, in_features), CONSUMERS=consumers, UNPACK_AHEAD=unpack_ahead,
-                          DEQUANTIZERS=dequantizers)
+                          GROUPS=groups_per_block(group_size, in_features), CONSUMERS=consumers, UNPACK_AHEAD=unpack_ahead)
         prepared = plan.launches[key] = _PingpongLaunch(block_m, cfg.get("SPLIT_K", 1), programs, consumers, constexprs,
                                                         _compile_options(cfg.get("maxnreg")), {})
     return prepared
@@ -737,7 +597,7 @@ def _launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: i
 def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, stages: int = 4, symmetric: bool = False,
                      zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None, groups: int = 1,
                      consumers: int = 2, maxnreg: int | None = None, shared_tiles: bool = True, unpack_ahead: bool = False,
-                     spread: int = 0, dequantizers: int = 0):
+                     spread: int = 0):
     """Compile `_pingpong_kernel` for sm_90 without a GPU (CI runs this: Gluon API changes between Triton releases
     surface here). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
     from triton._C.libtriton import native_specialize_impl
@@ -750,7 +610,6 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, sta
                  "y_ptr": f"*{types[dtype]}", "part_ptr": "*fp32", "lock_ptr": "*i32",
                  "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_ym": "i32"}
     constexprs = {"BLOCK_M": block_m, "STAGES": stages, "SYMMETRIC": symmetric, "GROUPS": groups,
-                  "CONSUMERS": consumers, "SHARED_TILES": shared_tiles, "UNPACK_AHEAD": unpack_ahead, "SPREAD": spread,
-                  "DEQUANTIZERS": dequantizers}
+                  "CONSUMERS": consumers, "SHARED_TILES": shared_tiles, "UNPACK_AHEAD": unpack_ahead, "SPREAD": spread}
     return compile_gluon_for_sm90(_pingpong_kernel, signature, constexprs,
                                   ("qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr", "N", "K"), _compile_options(maxnreg))
