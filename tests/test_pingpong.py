@@ -15,22 +15,23 @@ def _on_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-@pytest.mark.parametrize("dtype,symmetric,zeros_dtype,block_m,groups,consumers,reduction", [
-    (torch.float16, False, torch.uint8, 128, 1, 2, "whole"),    # group 128 (and any multiple, and per-channel); whole tiles
-    (torch.bfloat16, True, torch.uint8, 64, 2, 2, "counted"),   # group 64, symmetric; shared tiles (Stream-K, split-K)
-    (torch.float16, False, torch.float16, 256, 4, 2, "spread"),  # group 32, float (fractional) zeros; aligned split-K
-    (torch.float16, False, torch.uint8, 128, 1, 1, "counted"),  # one consumer per program, maxnreg 128
+@pytest.mark.parametrize("dtype,symmetric,zeros_dtype,block_m,groups,blocks_per_group,consumers,reduction", [
+    (torch.float16, False, torch.uint8, 128, 1, 1, 2, "whole"),    # group 128; whole tiles
+    (torch.bfloat16, True, torch.uint8, 64, 2, 1, 2, "counted"),   # group 64, symmetric; shared tiles (Stream-K, split-K)
+    (torch.float16, False, torch.float16, 256, 4, 1, 2, "spread"),  # group 32, float (fractional) zeros; aligned split-K
+    (torch.float16, False, torch.uint8, 128, 1, 2, 1, "counted"),  # group 256; one consumer per program, maxnreg 128
+    (torch.bfloat16, False, torch.uint8, 128, 1, 0, 2, "whole"),   # per-channel (one group spanning K)
 ])
 @pytest.mark.parametrize("unpack_ahead", [False, True])
 def test_pingpong_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmetric, zeros_dtype, block_m, groups,
-                                    consumers, reduction, unpack_ahead):
+                                    blocks_per_group, consumers, reduction, unpack_ahead):
     pingpong = w4a16.gemm_pingpong
     if not pingpong.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     compiled = pingpong.compile_for_sm90(dtype, block_m, 3 if block_m < 256 else 2, symmetric, zeros_dtype, groups=groups,
                                          consumers=consumers, maxnreg=128 if consumers == 1 else None,
                                          shared_tiles=reduction != "whole", unpack_ahead=unpack_ahead,
-                                         spread=4 if reduction == "spread" else 0)
+                                         spread=4 if reduction == "spread" else 0, blocks_per_group=blocks_per_group)
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx  # tensor cores fed by TMA
     assert "setmaxnreg" in ptx  # the partitions got their register budgets
@@ -38,6 +39,23 @@ def test_pingpong_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symm
     # the spread reduction waits for the tile's other contributors (acquire loads of the counter in a loop)
     assert ("ld.global.gpu.acquire" in ptx) == (reduction == "spread")
     assert compiled.metadata.enable_fp_fusion  # launch.COMPILE_OPTIONS reached the compiler (not Triton's default)
+
+
+@pytest.mark.parametrize("group_size,k", [(16, 256), (32, 320), (64, 384), (128, 1024), (256, 1024), (384, 1152), (512, 2048),
+                                          (1024, 1024), (320, 320), (4096, 4096)])
+def test_scale_group_of_each_block(w4a16, group_size, k):
+    """The kernels find a K block's scale groups from two constants (no division by G at run time): `groups_per_block`
+    groups in a block (piece j at kb * groups + j), else `blocks_per_group` blocks per group (kb // it; 0: one group
+    spanning K). The group of each piece's first row, row // G, is what they must give."""
+    layout = w4a16.layout
+    groups, blocks = layout.groups_per_block(group_size, k), layout.blocks_per_group(group_size, k)
+    for kb in range(-(-k // 128)):
+        for j in range(groups):
+            row = kb * 128 + j * (128 // groups)
+            if row >= k:
+                continue
+            found = kb * groups + j if groups > 1 else (0 if blocks == 0 else kb // blocks)
+            assert found == row // group_size, f"G={group_size} K={k}: block {kb} piece {j} -> {found}, row {row}"
 
 
 def test_spread_reduction_only_where_its_contributors_can_wait(w4a16):

@@ -49,7 +49,7 @@ import torch
 
 from .dequant import MAGIC_PAIR, MAGIC_VALUE
 from .launch import TRITON_TYPE_NAMES, PreparedLaunch, RepeatLaunch, compile_gluon_for_sm90, current_stream
-from .layout import K_BLOCK, groups_per_block
+from .layout import K_BLOCK, blocks_per_group, groups_per_block
 
 try:  # Gluon is experimental: absent before Triton 3.5, and its names move between releases
     from triton.experimental import gluon
@@ -203,8 +203,9 @@ if HAVE_GLUON:
         return operands
 
     @gluon.jit
-    def _group(kb, j, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr):
-        """The scale group of group piece j of block kb (`_launch_config` says what GROUPS and BLOCKS_PER_GROUP are)."""
+    def scale_group(kb, j, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr):
+        """The scale group of group piece j of K block kb (GROUPS, BLOCKS_PER_GROUP: `layout.groups_per_block`,
+        `layout.blocks_per_group`); the pingpong kernel's too."""
         if GROUPS > 1:
             g = kb * GROUPS + j
         elif BLOCKS_PER_GROUP == 0:  # per-channel: one group spans K
@@ -250,7 +251,7 @@ if HAVE_GLUON:
         scales = ()
         zeros = ()
         for j in gl.static_range(GROUPS):
-            g = _group(kb, j, GROUPS, BLOCKS_PER_GROUP)
+            g = scale_group(kb, j, GROUPS, BLOCKS_PER_GROUP)
             s = gl.load(s_base + g * N).to(gl.float32)  # (carried as fp32: 16-bit values cost permutes)
             scales = scales + (_program_order(s, p_layout),)
             if ZERO_IN_OPERAND:
@@ -486,14 +487,12 @@ def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int,
         raise ValueError(f"config AHEAD must be 1, 2 or 3 for path 'decode', got {ahead!r}")
     wait_prior = bool(cfg.get("GATHER_PDL", False))
     groups = groups_per_block(group_size, in_features)
-    # K blocks per scale group where a group spans blocks: G / 128, or 0 for one group spanning K (per-channel, not
-    # specialised on K); unused (1) where a block holds several groups
-    blocks_per_group = 1 if groups > 1 else (0 if group_size == in_features else group_size // K_BLOCK)
+    group_blocks = blocks_per_group(group_size, in_features)
     # ADJACENT_ROWS only where the loop loads scales and zeros per block (not per-channel: its one group's loads leave
     # the loop, and the row order would only cost its word loads, NOTES v30)
-    adjacent = bool(cfg.get("ADJACENT_ROWS", False)) and blocks_per_group != 0
+    adjacent = bool(cfg.get("ADJACENT_ROWS", False)) and group_blocks != 0
     constexprs = dict(WARPS=warps, ROWS=rows, BLOCK_M=block_m, AHEAD=ahead, SYMMETRIC=symmetric, GROUPS=groups,
-                      BLOCKS_PER_GROUP=blocks_per_group, ADJACENT_ROWS=adjacent,
+                      BLOCKS_PER_GROUP=group_blocks, ADJACENT_ROWS=adjacent,
                       PARAMS_VECTOR=adjacent and out_features % (rows // 8) == 0,
                       ZEROS_BY_X_SUM=bool(cfg.get("ZEROS_BY_X_SUM", False)), X_AT_USE=bool(cfg.get("X_AT_USE", False)),
                       WAIT_PRIOR=wait_prior)

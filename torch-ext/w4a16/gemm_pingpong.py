@@ -54,13 +54,15 @@ import triton
 from .dequant import MAGIC_PAIR, MAGIC_VALUE
 from .launch import (COMPILE_OPTIONS, TRITON_TYPE_NAMES, PreparedLaunch, RepeatLaunch, compile_gluon_for_sm90, current_stream,
                      split_k_scratch, workspace_entry)
-from .layout import K_BLOCK, groups_per_block
+from .layout import K_BLOCK, blocks_per_group, groups_per_block
 
 try:  # Gluon is experimental: absent before Triton 3.5, and its names move between releases
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .gemm_decode import scale_group
 
     # renamed after Triton 3.6 (the old names remain there as stubs that raise)
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -171,16 +173,16 @@ if HAVE_GLUON:
                 gl.convert_layout(hi.to(dtype, bitcast=True), a_layout, assert_trivial=True))
 
     @gluon.jit
-    def _load_block(fetch, kb, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr):
+    def _load_block(fetch, kb, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr):
         """K block kb's words [64, 16] and the scales and zeros (tuples of GROUPS) of its groups for rows n (the scale
         again as the zero when SYMMETRIC: never used, no zeros tensor exists). Groups past K (a last block that
-        K ends inside) read as 0. fetch: (word_ptrs, s_ptr, z_ptr, n, n_ok, N, group_size, num_groups)."""
-        word_ptrs, s_ptr, z_ptr, n, n_ok, N, group_size, num_groups = fetch
+        K ends inside) read as 0. fetch: (word_ptrs, s_ptr, z_ptr, n, n_ok, N, num_groups)."""
+        word_ptrs, s_ptr, z_ptr, n, n_ok, N, num_groups = fetch
         words = gl.load(word_ptrs + kb * 1024, mask=n_ok[:, None], other=0)
         scales = ()
         zeros = ()
         for j in gl.static_range(GROUPS):
-            g = (kb * 128) // group_size + j
+            g = scale_group(kb, j, GROUPS, BLOCKS_PER_GROUP)
             ok = n_ok & (g < num_groups)
             s = gl.load(s_ptr + g * N + n, mask=ok, other=0.0)
             scales = scales + (s,)
@@ -191,11 +193,11 @@ if HAVE_GLUON:
         return words, scales, zeros
 
     @gluon.jit
-    def _advance(ring, fetch, kb_fetch, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr):
+    def _advance(ring, fetch, kb_fetch, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr):
         """The register ring's first block (words as uint32, scales, zeros), and the ring moved on by one with block
         kb_fetch loaded at its end."""
         words, s, z = ring[0]
-        return (words.to(gl.uint32, bitcast=True), s, z), (ring[1], _load_block(fetch, kb_fetch, SYMMETRIC, GROUPS))
+        return (words.to(gl.uint32, bitcast=True), s, z), (ring[1], _load_block(fetch, kb_fetch, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP))
 
     @gluon.jit
     def _work_range(M, N, num_kb, BLOCK_M: gl.constexpr, CONSUMERS: gl.constexpr):
@@ -212,8 +214,9 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _accumulate(word_ptrs, s_ptr, z_ptr, x_smem, x_ready, empty, n, n_ok, N, block_start, block_end, ring_start,
-                    group_size, num_groups, a_layout: gl.constexpr, mma_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-                    STAGES: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, UNPACK_AHEAD: gl.constexpr):
+                    num_groups, a_layout: gl.constexpr, mma_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                    STAGES: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr,
+                    UNPACK_AHEAD: gl.constexpr):
         """acc [64, BLOCK_M] fp32 over K blocks [block_start, block_end) of one weight tile's 64 rows: words (and
         scale / zero) loaded two blocks ahead into registers, unpacked into the A operands, two wgmma (K = 64
         each) against x's stage, wait, release the stage (UNPACK_AHEAD: the next block unpacked before that wait).
@@ -224,26 +227,26 @@ if HAVE_GLUON:
         PAIR: gl.constexpr = "f16x2" if dtype == gl.float16 else "bf16x2"
         # blocks block_start and block_start + 1 in flight before the loop; each step fetches the one two ahead
         # (clamped to the segment's last block: the tail re-reads it instead of reading past the range)
-        fetch = (word_ptrs, s_ptr, z_ptr, n, n_ok, N, group_size, num_groups)
-        ring = (_load_block(fetch, block_start, SYMMETRIC, GROUPS),
-                _load_block(fetch, gl.minimum(block_start + 1, block_end - 1), SYMMETRIC, GROUPS))
+        fetch = (word_ptrs, s_ptr, z_ptr, n, n_ok, N, num_groups)
+        ring = (_load_block(fetch, block_start, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP),
+                _load_block(fetch, gl.minimum(block_start + 1, block_end - 1), SYMMETRIC, GROUPS, BLOCKS_PER_GROUP))
         acc = gl.zeros([64, BLOCK_M], gl.float32, layout=mma_layout)
         if UNPACK_AHEAD:
             # block b + 1 unpacked while block b's MMAs run, into the other of two operand sets (unrolled by two:
             # a loop-carried operand would be rewritten under its own in-flight wgmma, which ptxas then serializes)
-            block, ring = _advance(ring, fetch, gl.minimum(block_start + 2, block_end - 1), SYMMETRIC, GROUPS)
+            block, ring = _advance(ring, fetch, gl.minimum(block_start + 2, block_end - 1), SYMMETRIC, GROUPS, BLOCKS_PER_GROUP)
             words, s, z = block
             a_lo, a_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
             i = ring_start
             for kb in range(block_start, block_end - 1, 2):  # blocks kb (operands a) and kb + 1 (operands b)
                 acc = _issue_block_mmas(a_lo, a_hi, acc, x_smem, x_ready, i, STAGES)
-                block, ring = _advance(ring, fetch, gl.minimum(kb + 3, block_end - 1), SYMMETRIC, GROUPS)
+                block, ring = _advance(ring, fetch, gl.minimum(kb + 3, block_end - 1), SYMMETRIC, GROUPS, BLOCKS_PER_GROUP)
                 words, s, z = block
                 b_lo, b_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
                 acc, a_lo, a_hi = warpgroup_mma_wait(num_outstanding=0, deps=[acc, a_lo, a_hi])
                 mbarrier.arrive(empty.index(i % STAGES), count=1)
                 acc = _issue_block_mmas(b_lo, b_hi, acc, x_smem, x_ready, i + 1, STAGES)
-                block, ring = _advance(ring, fetch, gl.minimum(kb + 4, block_end - 1), SYMMETRIC, GROUPS)
+                block, ring = _advance(ring, fetch, gl.minimum(kb + 4, block_end - 1), SYMMETRIC, GROUPS, BLOCKS_PER_GROUP)
                 words, s, z = block
                 if kb + 2 < block_end:
                     a_lo, a_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
@@ -257,7 +260,7 @@ if HAVE_GLUON:
         else:
             for kb in range(block_start, block_end):
                 i = ring_start + kb - block_start
-                block, ring = _advance(ring, fetch, gl.minimum(kb + 2, block_end - 1), SYMMETRIC, GROUPS)
+                block, ring = _advance(ring, fetch, gl.minimum(kb + 2, block_end - 1), SYMMETRIC, GROUPS, BLOCKS_PER_GROUP)
                 words, s, z = block
                 a_lo, a_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
                 acc = _issue_block_mmas(a_lo, a_hi, acc, x_smem, x_ready, i, STAGES)
@@ -330,10 +333,10 @@ if HAVE_GLUON:
                 _store_y_chunk(y_ptr, reduced, offs_n, m0 + c * 32, M, N, stride_ym, 32)
 
     @gluon.jit
-    def _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
+    def _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, num_groups,
                  stride_ym, unit, start, end, total, tiles_m, CONSUMER: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                 SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr,
-                 UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr):
+                 SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr, CONSUMERS: gl.constexpr,
+                 SHARED_TILES: gl.constexpr, UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr):
         """The program's segment that begins at `unit` (a tile's run of K blocks, up to the tile's or the program's
         end), for rows CONSUMER * 64 .. + 63 of the tile: the accumulator, then y when the segment is the whole tile,
         else its fp32 partial and, for the tile's last arrival, the sum of the tile's partials in program order.
@@ -353,7 +356,8 @@ if HAVE_GLUON:
         # tile (n // 64, b) of 64 x 16 words is contiguous (1024 words); int64: the largest weights pass 2**31 bytes
         word_ptrs = qw_ptr + row_tile.to(gl.int64) * num_kb * 1024 + (rows * 16)[:, None] + cols[None, :]
         acc = _accumulate(word_ptrs, s_ptr, z_ptr, x_smem, x_ready, empty, n, n < N, N, block_start, block_end, unit - start,
-                          group_size, num_groups, a_layout, mma_layout, BLOCK_M, STAGES, SYMMETRIC, GROUPS, UNPACK_AHEAD)
+                          num_groups, a_layout, mma_layout, BLOCK_M, STAGES, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP,
+                          UNPACK_AHEAD)
 
         offs_n = row_tile * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
         offs_m = (tile % tiles_m) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
@@ -394,22 +398,22 @@ if HAVE_GLUON:
         return unit + block_end - block_start
 
     @gluon.jit
-    def _consumer(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
+    def _consumer(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, num_groups,
                   stride_ym, CONSUMER: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SYMMETRIC: gl.constexpr,
-                  GROUPS: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr, UNPACK_AHEAD: gl.constexpr,
-                  SPREAD: gl.constexpr):
+                  GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr,
+                  UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr):
         """Rows CONSUMER * 64 .. + 63 of each weight tile in the program's units, one segment at a time."""
         start, end, total, tiles_m = _work_range(M, N, num_kb, BLOCK_M, CONSUMERS)
         if SHARED_TILES:
             unit = start
             while unit < end:
-                unit = _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
-                                num_groups, stride_ym, unit, start, end, total, tiles_m, CONSUMER, BLOCK_M, STAGES, SYMMETRIC, GROUPS,
-                                CONSUMERS, SHARED_TILES, UNPACK_AHEAD, SPREAD)
+                unit = _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, num_groups,
+                                stride_ym, unit, start, end, total, tiles_m, CONSUMER, BLOCK_M, STAGES, SYMMETRIC, GROUPS,
+                                BLOCKS_PER_GROUP, CONSUMERS, SHARED_TILES, UNPACK_AHEAD, SPREAD)
         else:  # one whole tile
-            _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size, num_groups,
-                     stride_ym, start, start, end, total, tiles_m, CONSUMER, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS,
-                     SHARED_TILES, UNPACK_AHEAD, SPREAD)
+            _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, num_groups,
+                     stride_ym, start, start, end, total, tiles_m, CONSUMER, BLOCK_M, STAGES, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP,
+                     CONSUMERS, SHARED_TILES, UNPACK_AHEAD, SPREAD)
 
     @gluon.jit
     def _x_loader(x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
@@ -432,7 +436,8 @@ if HAVE_GLUON:
     @gluon.jit
     def _pingpong_kernel(x_desc, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, group_size, stride_ym,
                          BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr,
-                         CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr, UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr):
+                         BLOCKS_PER_GROUP: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr,
+                         UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr):
         """y[M, N] = x[M, K] @ W[K, N]: see the module docstring for the contract, the work list and the partitions."""
         x_smem = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BLOCK_M, 64], x_desc.layout)
         x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -445,18 +450,18 @@ if HAVE_GLUON:
         # (argument tuples written inline: a tuple assigned to a variable first turns its constexprs into values)
         if CONSUMERS == 2:
             gl.warp_specialize([
-                (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
-                             num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES,
+                (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, num_groups,
+                             stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, CONSUMERS, SHARED_TILES,
                              UNPACK_AHEAD, SPREAD)),
-                (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
-                             num_groups, stride_ym, 1, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES,
+                (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, num_groups,
+                             stride_ym, 1, BLOCK_M, STAGES, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, CONSUMERS, SHARED_TILES,
                              UNPACK_AHEAD, SPREAD)),
                 (_x_loader, (x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M, STAGES, CONSUMERS)),
             ], [4, 1], [_CONSUMER_REGS, 24])
         else:  # one consumer per program: two programs per SM (with maxnreg 128) ping-pong instead
             gl.warp_specialize([
-                (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, group_size,
-                             num_groups, stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, CONSUMERS, SHARED_TILES,
+                (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, num_groups,
+                             stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, CONSUMERS, SHARED_TILES,
                              UNPACK_AHEAD, SPREAD)),
                 (_x_loader, (x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M, STAGES, CONSUMERS)),
             ], [1], [24])
@@ -531,7 +536,9 @@ def _pingpong_launch(plan, in_features: int, group_size: int, symmetric: bool) -
             raise ValueError(f"config BLOCK_M must be 64, 128 or 256 for path 'pingpong', got {block_m!r}")
         unpack_ahead = cfg.get("UNPACK_AHEAD", False)
         constexprs = dict(BLOCK_M=block_m, STAGES=cfg.get("num_stages", 4), SYMMETRIC=symmetric,
-                          GROUPS=groups_per_block(group_size, in_features), CONSUMERS=consumers, UNPACK_AHEAD=unpack_ahead)
+                          GROUPS=groups_per_block(group_size, in_features),
+                          BLOCKS_PER_GROUP=blocks_per_group(group_size, in_features), CONSUMERS=consumers,
+                          UNPACK_AHEAD=unpack_ahead)
         prepared = plan.launches[key] = _PingpongLaunch(block_m, cfg.get("SPLIT_K", 1), programs, consumers, constexprs,
                                                         _compile_options(cfg.get("maxnreg")), {})
     return prepared
@@ -597,7 +604,7 @@ def _launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: i
 def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, stages: int = 4, symmetric: bool = False,
                      zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None, groups: int = 1,
                      consumers: int = 2, maxnreg: int | None = None, shared_tiles: bool = True, unpack_ahead: bool = False,
-                     spread: int = 0):
+                     spread: int = 0, blocks_per_group: int = 1):
     """Compile `_pingpong_kernel` for sm_90 without a GPU (CI runs this: Gluon API changes between Triton releases
     surface here). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
     from triton._C.libtriton import native_specialize_impl
@@ -609,7 +616,7 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, sta
                  "z_ptr": f"*{types[(scales_dtype or dtype) if symmetric else zeros_dtype]}",
                  "y_ptr": f"*{types[dtype]}", "part_ptr": "*fp32", "lock_ptr": "*i32",
                  "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_ym": "i32"}
-    constexprs = {"BLOCK_M": block_m, "STAGES": stages, "SYMMETRIC": symmetric, "GROUPS": groups,
+    constexprs = {"BLOCK_M": block_m, "STAGES": stages, "SYMMETRIC": symmetric, "GROUPS": groups, "BLOCKS_PER_GROUP": blocks_per_group,
                   "CONSUMERS": consumers, "SHARED_TILES": shared_tiles, "UNPACK_AHEAD": unpack_ahead, "SPREAD": spread}
     return compile_gluon_for_sm90(_pingpong_kernel, signature, constexprs,
                                   ("qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr", "N", "K"), _compile_options(maxnreg))

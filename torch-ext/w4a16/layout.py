@@ -47,6 +47,7 @@ __all__ = [
     "prepare_weight",
     "N_TILE",
     "groups_per_block",
+    "blocks_per_group",
     "native_qweight_shape",
     "pack_int4_tiled_striped",
     "unpack_int4_tiled_striped",
@@ -63,6 +64,15 @@ def groups_per_block(group_size: int, in_features: int) -> int:
     """Scale groups within one K_BLOCK-row block: K_BLOCK / G for G = 16, 32, 64; 1 for G a multiple of K_BLOCK and
     for per-channel (one group spanning K, whatever K is). The kernels' per-block parameter count."""
     return K_BLOCK // group_size if (group_size < K_BLOCK and group_size != in_features) else 1
+
+
+def blocks_per_group(group_size: int, in_features: int) -> int:
+    """K_BLOCK-row blocks per scale group where a group spans blocks: G / K_BLOCK; 0 for per-channel (one group
+    spanning K, whatever K is: the kernels need not specialise on K); 1 (unused) where a block holds several groups.
+    With `groups_per_block`, what a kernel needs to find a block's groups without dividing by G at run time."""
+    if groups_per_block(group_size, in_features) > 1:
+        return 1
+    return 0 if group_size == in_features else group_size // K_BLOCK
 
 
 def native_qweight_shape(out_features: int, in_features: int) -> tuple[int, int, int, int]:
