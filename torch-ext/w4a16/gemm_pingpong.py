@@ -131,24 +131,17 @@ if HAVE_GLUON:
         return ((64 * h + 16 * q) * groups) // 128
 
     @gluon.jit
-    def _pair_params(s, z, dtype: gl.constexpr, SYMMETRIC: gl.constexpr, MAGIC: gl.constexpr, MAGIC_VALUE: gl.constexpr):
+    def _pair_params(s, z, dtype: gl.constexpr, SYMMETRIC: gl.constexpr, MAGIC_VALUE: gl.constexpr):
         """One group's scale / zero for the rows -> [rows, 1] packed pairs (s, R, e): s and R = C + z rounded to x's
-        dtype, e = -(C + z - R) * s, the residual a fractional zero leaves. Integer zeros (0..127) and symmetric ones
-        (8) are exact: R's bits are C's plus z (C + z stays in C's binade, where the unit step is 1) and e is 0."""
-        s_pair = gl.expand_dims(_pair_bits(s.to(dtype)), 1)
+        dtype, e = -(C + z - R) * s, the residual a fractional zero leaves (0 for integer and symmetric zeros)."""
+        s = s.to(dtype)
         if SYMMETRIC:
-            r_pair = gl.expand_dims(gl.full(s.shape, (MAGIC & 0xFFFF) + 8, gl.uint32, s.type.layout) * 0x10001, 1)
-            e_pair = gl.zeros_like(s_pair)
-        elif z.dtype.is_int():
-            r_pair = gl.expand_dims((z.to(gl.uint32) + (MAGIC & 0xFFFF)) * 0x10001, 1)
-            e_pair = gl.zeros_like(s_pair)
+            shifted = gl.full(s.shape, MAGIC_VALUE + 8.0, gl.float32, s.type.layout)
         else:
             shifted = z.to(gl.float32) + MAGIC_VALUE
-            r = shifted.to(dtype)
-            e = (-(shifted - r.to(gl.float32)) * s.to(dtype).to(gl.float32)).to(dtype)
-            r_pair = gl.expand_dims(_pair_bits(r), 1)
-            e_pair = gl.expand_dims(_pair_bits(e), 1)
-        return s_pair, r_pair, e_pair
+        r = shifted.to(dtype)
+        e = (-(shifted - r.to(gl.float32)) * s.to(gl.float32)).to(dtype)
+        return gl.expand_dims(_pair_bits(s), 1), gl.expand_dims(_pair_bits(r), 1), gl.expand_dims(_pair_bits(e), 1)
 
     @gluon.jit
     def _operands(words, scales, zeros, a_layout: gl.constexpr, dtype: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr,
@@ -159,7 +152,7 @@ if HAVE_GLUON:
         so its group is (64 h + 16 q) * GROUPS // 128: static in q, and h is the column's parity."""
         params = ()
         for j in gl.static_range(GROUPS):
-            params = params + (_pair_params(scales[j], zeros[j], dtype, SYMMETRIC, MAGIC, MAGIC_VALUE),)
+            params = params + (_pair_params(scales[j], zeros[j], dtype, SYMMETRIC, MAGIC_VALUE),)
         h_odd = gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, words.type.layout)) % 2 == 1, 0)
         pairs = ()
         for q in gl.static_range(4):
@@ -181,25 +174,22 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _load_block(fetch, kb, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr):
-        """K block kb's words [64, 16] and the scales and zeros (tuples of GROUPS) of its groups for the rows (the scale
-        again as the zero when SYMMETRIC: never used, no zeros tensor exists). fetch: (word_ptrs, s_rows, z_rows, N,
-        num_groups), the rows' pointers clamped into the tensors (`_segment`), so no load is masked: rows past N are
-        computed and never stored; a group past K (a last block that K ends inside) reads the last group, which
-        multiplies x's zeros there (TMA fills x past K with zeros)."""
-        word_ptrs, s_rows, z_rows, N, num_groups = fetch
-        words = gl.load(word_ptrs + kb * 1024)
+        """K block kb's words [64, 16] and the scales and zeros (tuples of GROUPS) of its groups for rows n (the scale
+        again as the zero when SYMMETRIC: never used, no zeros tensor exists). Groups past K (a last block that
+        K ends inside) read as 0. fetch: (word_ptrs, s_ptr, z_ptr, n, n_ok, N, num_groups)."""
+        word_ptrs, s_ptr, z_ptr, n, n_ok, N, num_groups = fetch
+        words = gl.load(word_ptrs + kb * 1024, mask=n_ok[:, None], other=0)
         scales = ()
         zeros = ()
         for j in gl.static_range(GROUPS):
             g = scale_group(kb, j, GROUPS, BLOCKS_PER_GROUP)
-            if GROUPS > 1:  # (a group spanning whole blocks never passes K: K is then a multiple of it)
-                g = gl.minimum(g, num_groups - 1)
-            s = gl.load(s_rows + g * N)
+            ok = n_ok & (g < num_groups)
+            s = gl.load(s_ptr + g * N + n, mask=ok, other=0.0)
             scales = scales + (s,)
             if SYMMETRIC:
                 zeros = zeros + (s,)
             else:
-                zeros = zeros + (gl.load(z_rows + g * N),)
+                zeros = zeros + (gl.load(z_ptr + g * N + n, mask=ok, other=0),)
         return words, scales, zeros
 
     @gluon.jit
@@ -223,7 +213,7 @@ if HAVE_GLUON:
         return start.to(gl.int32), end.to(gl.int32), total, tiles_m
 
     @gluon.jit
-    def _accumulate(word_ptrs, s_rows, z_rows, x_smem, x_ready, empty, N, block_start, block_end, ring_start,
+    def _accumulate(word_ptrs, s_ptr, z_ptr, x_smem, x_ready, empty, n, n_ok, N, block_start, block_end, ring_start,
                     num_groups, a_layout: gl.constexpr, mma_layout: gl.constexpr, BLOCK_M: gl.constexpr,
                     STAGES: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr,
                     UNPACK_AHEAD: gl.constexpr):
@@ -237,7 +227,7 @@ if HAVE_GLUON:
         PAIR: gl.constexpr = "f16x2" if dtype == gl.float16 else "bf16x2"
         # blocks block_start and block_start + 1 in flight before the loop; each step fetches the one two ahead
         # (clamped to the segment's last block: the tail re-reads it instead of reading past the range)
-        fetch = (word_ptrs, s_rows, z_rows, N, num_groups)
+        fetch = (word_ptrs, s_ptr, z_ptr, n, n_ok, N, num_groups)
         ring = (_load_block(fetch, block_start, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP),
                 _load_block(fetch, gl.minimum(block_start + 1, block_end - 1), SYMMETRIC, GROUPS, BLOCKS_PER_GROUP))
         acc = gl.zeros([64, BLOCK_M], gl.float32, layout=mma_layout)
@@ -268,35 +258,15 @@ if HAVE_GLUON:
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
                 mbarrier.arrive(empty.index(i % STAGES), count=1)
         else:
-            # unrolled by two, each ring slot refilled in place once unpacked (a shifted ring would cost a move per
-            # register and block)
-            slot_a, slot_b = ring
-            i = ring_start
-            for kb in range(block_start, block_end - 1, 2):
-                acc, slot_a = _block_step(slot_a, fetch, gl.minimum(kb + 2, block_end - 1), acc, x_smem, x_ready, empty, i,
-                                          a_layout, dtype, STAGES, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, MAGIC, MAGIC_VALUE, PAIR)
-                acc, slot_b = _block_step(slot_b, fetch, gl.minimum(kb + 3, block_end - 1), acc, x_smem, x_ready, empty, i + 1,
-                                          a_layout, dtype, STAGES, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, MAGIC, MAGIC_VALUE, PAIR)
-                i += 2
-            if (block_end - block_start) % 2 == 1:  # an odd segment's last block (its refill is never used)
-                acc, slot_a = _block_step(slot_a, fetch, block_end - 1, acc, x_smem, x_ready, empty, i, a_layout, dtype, STAGES,
-                                          SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, MAGIC, MAGIC_VALUE, PAIR)
+            for kb in range(block_start, block_end):
+                i = ring_start + kb - block_start
+                block, ring = _advance(ring, fetch, gl.minimum(kb + 2, block_end - 1), SYMMETRIC, GROUPS, BLOCKS_PER_GROUP)
+                words, s, z = block
+                a_lo, a_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
+                acc = _issue_block_mmas(a_lo, a_hi, acc, x_smem, x_ready, i, STAGES)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+                mbarrier.arrive(empty.index(i % STAGES), count=1)
         return acc
-
-    @gluon.jit
-    def _block_step(slot, fetch, kb_fetch, acc, x_smem, x_ready, empty, i, a_layout: gl.constexpr, dtype: gl.constexpr,
-                    STAGES: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr,
-                    MAGIC: gl.constexpr, MAGIC_VALUE: gl.constexpr, PAIR: gl.constexpr):
-        """One K block of `_accumulate`'s plain loop: the ring slot's block unpacked into the A operands, the slot
-        refilled with block kb_fetch, the block's MMAs issued and waited for, x's stage released."""
-        words, s, z = slot
-        a_lo, a_hi = _operands(words.to(gl.uint32, bitcast=True), s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE,
-                               PAIR)
-        slot = _load_block(fetch, kb_fetch, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP)
-        acc = _issue_block_mmas(a_lo, a_hi, acc, x_smem, x_ready, i, STAGES)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-        mbarrier.arrive(empty.index(i % STAGES), count=1)
-        return acc, slot
 
     @gluon.jit
     def _issue_block_mmas(a_lo, a_hi, acc, x_smem, x_ready, i, STAGES: gl.constexpr):
@@ -382,13 +352,10 @@ if HAVE_GLUON:
         row_tile = (tile // tiles_m) * CONSUMERS + CONSUMER  # this consumer's 64-row tile of the weight
         rows = gl.arange(0, 64, layout=gl.SliceLayout(1, w_layout))
         cols = gl.arange(0, 16, layout=gl.SliceLayout(0, w_layout))
-        # the loads' rows clamped into the tensors (the weight's last 64-row tile, row N - 1), not masked: the rows past
-        # N are computed and never stored. Tile (n // 64, b) of 64 x 16 words is contiguous (1024 words); int64: the
-        # largest weights pass 2**31 bytes
-        load_tile = gl.minimum(row_tile, (N - 1) // 64)
-        n_load = gl.minimum(row_tile * 64 + rows, N - 1)
-        word_ptrs = qw_ptr + load_tile.to(gl.int64) * num_kb * 1024 + (rows * 16)[:, None] + cols[None, :]
-        acc = _accumulate(word_ptrs, s_ptr + n_load, z_ptr + n_load, x_smem, x_ready, empty, N, block_start, block_end, unit - start,
+        n = row_tile * 64 + rows
+        # tile (n // 64, b) of 64 x 16 words is contiguous (1024 words); int64: the largest weights pass 2**31 bytes
+        word_ptrs = qw_ptr + row_tile.to(gl.int64) * num_kb * 1024 + (rows * 16)[:, None] + cols[None, :]
+        acc = _accumulate(word_ptrs, s_ptr, z_ptr, x_smem, x_ready, empty, n, n < N, N, block_start, block_end, unit - start,
                           num_groups, a_layout, mma_layout, BLOCK_M, STAGES, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP,
                           UNPACK_AHEAD)
 
