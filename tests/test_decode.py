@@ -126,7 +126,7 @@ def test_shipped_gluon_entries_carry_a_runnable_fallback(w4a16):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("k,n,group_size,symmetric,fractional", [
     (512, 200, 128, False, False),   # N off the 16 / 32-row program
-    (512, 75, 128, False, False),    # N odd: the scale / zero loads of the last rows masked (not N_ALIGNED)
+    (512, 75, 128, False, False),    # N odd: the last rows' scale / zero loads clamped row by row (not PARAMS_VECTOR)
     (1024, 136, 256, True, False),   # group 256 (one group over two blocks), symmetric
     (1152, 48, 384, False, False),   # group 384: three blocks per group (a divisor that is no power of two)
     (384, 72, -1, False, False),     # per-channel

@@ -15,23 +15,23 @@ def _on_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-@pytest.mark.parametrize("dtype,symmetric,zeros_dtype,block_m,groups,blocks_per_group,consumers,reduction", [
-    (torch.float16, False, torch.uint8, 128, 1, 1, 2, "whole"),    # group 128; whole tiles
-    (torch.bfloat16, True, torch.uint8, 64, 2, 1, 2, "counted"),   # group 64, symmetric; shared tiles (Stream-K, split-K)
-    (torch.float16, False, torch.float16, 256, 4, 1, 2, "spread"),  # group 32, float (fractional) zeros; aligned split-K
-    (torch.float16, False, torch.uint8, 128, 1, 2, 1, "counted"),  # group 256; one consumer per program, maxnreg 128
-    (torch.bfloat16, False, torch.uint8, 128, 1, 0, 2, "whole"),   # per-channel (one group spanning K)
+@pytest.mark.parametrize("dtype,symmetric,zeros_dtype,block_m,group_size,consumers,reduction", [
+    (torch.float16, False, torch.uint8, 128, 128, 2, "whole"),    # group 128; whole tiles
+    (torch.bfloat16, True, torch.uint8, 64, 64, 2, "counted"),    # group 64, symmetric; shared tiles (Stream-K, split-K)
+    (torch.float16, False, torch.float16, 256, 32, 2, "spread"),  # group 32, float (fractional) zeros; aligned split-K
+    (torch.float16, False, torch.uint8, 128, 256, 1, "counted"),  # group 256; one consumer per program, maxnreg 128
+    (torch.bfloat16, False, torch.uint8, 128, 4096, 2, "whole"),  # per-channel (one group spanning K = 4096)
 ])
 @pytest.mark.parametrize("unpack_ahead", [False, True])
-def test_pingpong_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmetric, zeros_dtype, block_m, groups,
-                                    blocks_per_group, consumers, reduction, unpack_ahead):
+def test_pingpong_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmetric, zeros_dtype, block_m, group_size,
+                                    consumers, reduction, unpack_ahead):
     pingpong = w4a16.gemm_pingpong
     if not pingpong.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
-    compiled = pingpong.compile_for_sm90(dtype, block_m, 3 if block_m < 256 else 2, symmetric, zeros_dtype, groups=groups,
-                                         consumers=consumers, maxnreg=128 if consumers == 1 else None,
-                                         shared_tiles=reduction != "whole", unpack_ahead=unpack_ahead,
-                                         spread=4 if reduction == "spread" else 0, blocks_per_group=blocks_per_group)
+    compiled = pingpong.compile_for_sm90(dtype, block_m, 3 if block_m < 256 else 2, symmetric, zeros_dtype,
+                                         group_size=group_size, in_features=4096, consumers=consumers,
+                                         maxnreg=128 if consumers == 1 else None, shared_tiles=reduction != "whole",
+                                         unpack_ahead=unpack_ahead, spread=4 if reduction == "spread" else 0)
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx  # tensor cores fed by TMA
     assert "setmaxnreg" in ptx  # the partitions got their register budgets

@@ -534,14 +534,18 @@ def _pingpong_launch(plan, in_features: int, group_size: int, symmetric: bool) -
         block_m = cfg.get("BLOCK_M", 128)
         if block_m not in (64, 128, 256):  # the shared-tile reductions sum 64 / 32 tokens at a time
             raise ValueError(f"config BLOCK_M must be 64, 128 or 256 for path 'pingpong', got {block_m!r}")
-        unpack_ahead = cfg.get("UNPACK_AHEAD", False)
-        constexprs = dict(BLOCK_M=block_m, STAGES=cfg.get("num_stages", 4), SYMMETRIC=symmetric,
-                          GROUPS=groups_per_block(group_size, in_features),
-                          BLOCKS_PER_GROUP=blocks_per_group(group_size, in_features), CONSUMERS=consumers,
-                          UNPACK_AHEAD=unpack_ahead)
+        constexprs = dict(BLOCK_M=block_m, STAGES=cfg.get("num_stages", 4), CONSUMERS=consumers,
+                          UNPACK_AHEAD=cfg.get("UNPACK_AHEAD", False), **_format_constexprs(group_size, in_features, symmetric))
         prepared = plan.launches[key] = _PingpongLaunch(block_m, cfg.get("SPLIT_K", 1), programs, consumers, constexprs,
                                                         _compile_options(cfg.get("maxnreg")), {})
     return prepared
+
+
+def _format_constexprs(group_size: int, in_features: int, symmetric: bool) -> dict:
+    """The kernel's constexprs of a weight format: SYMMETRIC, and a K block's scale groups (GROUPS groups in a block,
+    or BLOCKS_PER_GROUP blocks per group, 0 for per-channel: `layout.groups_per_block`, `layout.blocks_per_group`)."""
+    return dict(SYMMETRIC=symmetric, GROUPS=groups_per_block(group_size, in_features),
+                BLOCKS_PER_GROUP=blocks_per_group(group_size, in_features))
 
 
 def _compile_options(maxnreg: int | None) -> dict:
@@ -602,11 +606,12 @@ def _launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: i
 
 
 def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, stages: int = 4, symmetric: bool = False,
-                     zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None, groups: int = 1,
-                     consumers: int = 2, maxnreg: int | None = None, shared_tiles: bool = True, unpack_ahead: bool = False,
-                     spread: int = 0, blocks_per_group: int = 1):
+                     zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None, group_size: int = 128,
+                     in_features: int = 4096, consumers: int = 2, maxnreg: int | None = None, shared_tiles: bool = True,
+                     unpack_ahead: bool = False, spread: int = 0):
     """Compile `_pingpong_kernel` for sm_90 without a GPU (CI runs this: Gluon API changes between Triton releases
-    surface here). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
+    surface here), with the format's constexprs a launch would take (`_format_constexprs`). Returns Triton's compiled
+    kernel (asm: ttgir, ptx, cubin)."""
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.nvidia.compiler import CUDABackend
 
@@ -616,7 +621,7 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, sta
                  "z_ptr": f"*{types[(scales_dtype or dtype) if symmetric else zeros_dtype]}",
                  "y_ptr": f"*{types[dtype]}", "part_ptr": "*fp32", "lock_ptr": "*i32",
                  "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_ym": "i32"}
-    constexprs = {"BLOCK_M": block_m, "STAGES": stages, "SYMMETRIC": symmetric, "GROUPS": groups, "BLOCKS_PER_GROUP": blocks_per_group,
-                  "CONSUMERS": consumers, "SHARED_TILES": shared_tiles, "UNPACK_AHEAD": unpack_ahead, "SPREAD": spread}
+    constexprs = {"BLOCK_M": block_m, "STAGES": stages, "CONSUMERS": consumers, "SHARED_TILES": shared_tiles,
+                  "UNPACK_AHEAD": unpack_ahead, "SPREAD": spread, **_format_constexprs(group_size, in_features, symmetric)}
     return compile_gluon_for_sm90(_pingpong_kernel, signature, constexprs,
                                   ("qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr", "N", "K"), _compile_options(maxnreg))
