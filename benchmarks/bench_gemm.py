@@ -3,7 +3,8 @@
     python benchmarks/bench_gemm.py [--m 1,2,4,8,16] [--variants base,bf16,sym,g64,act_order]
                                     [--out benchmarks/results/h200.json]
 
-GPU time per call: CUDA-graph replay over rotating weight copies (> 3x L2), median of replays.
+GPU time per call: CUDA-graph replay over rotating weight copies (> 3x L2), median of replays; every (M,
+implementation) of a shape is timed --rounds times (default 3), interleaved, and a row keeps the median.
 Eager wall time per call at M = 1 (`<impl>_eager`). Prints a table (us, x fp16, GB/s, % of 4.2 TB/s)
 and writes JSON {gpu, torch, triton, commit, date, rows}; rows carry shape, N, K, M, impl, us and,
 for w4a16, dtype, group_size, symmetric, act_order and the plan.
@@ -15,7 +16,9 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -45,73 +48,77 @@ def check_w4a16(kernel, weight, dtype) -> float:
     return float((y - ref).norm() / ref.norm())
 
 
-def bench_shape(kernel, shape, ms, variants, rows, eager_m1=True, ours_only=False):
-    if not ours_only:
-        bench_baselines(shape, ms, rows, eager_m1)
-    bench_ours(kernel, shape, ms, variants, rows, eager_m1 and not ours_only)
+@dataclass
+class Timed:
+    """One implementation of a shape: its weight copies, activation dtype, call, row fields and the M it runs at."""
+    impl: str
+    dtype: torch.dtype
+    weights: list
+    call: Callable  # call(x, w) -> y
+    fields: dict = field(default_factory=dict)
+    max_m: int = 1 << 30
+    eager_m1: bool = False  # also an `<impl>_eager` row (host wall time per call) at M = 1
+    rel_err: float | None = None  # ours: against a float64 reference (check_w4a16)
 
 
-def bench_baselines(shape, ms, rows, eager_m1):
-    """cuBLAS fp16 and bf16 and torch's int4 GEMM (M <= 256) on `shape`."""
+def bench_shape(kernel, shape, ms, variants, rows, rounds=3, eager_m1=True, ours_only=False):
+    """Every implementation on `shape` at every M, `rounds` times over: a round times each (M, implementation) once,
+    back to back, and a row's `us` is the median of its rounds (all of them in `us_rounds`). The GPU runs a shape up to
+    10-20% slower for a while in some runs (NOTES v30): timed interleaved, cuBLAS and ours share that state, and one
+    slow stretch moves one round, not the median."""
     n, k, name = shape["N"], shape["K"], shape["name"]
+    timed = ([] if ours_only else baselines(shape, eager_m1)) + ours(kernel, shape, variants, eager_m1 and not ours_only)
+    times: dict = {}
+    for _ in range(rounds):
+        for m in ms:
+            for t in timed:
+                if m <= t.max_m:
+                    x = torch.randn(m, k, device="cuda", dtype=t.dtype)
+                    times.setdefault((t.impl, id(t), m), []).append(
+                        timing.gpu_time_us([lambda w=w: t.call(x, w) for w in t.weights]))
     base = dict(shape=name, N=n, K=k)
-    f16_copies = timing.copies_needed(timing.f16_bytes(n, k, 1))
-    w_f16 = [torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(f16_copies)]
     for m in ms:
-        x = torch.randn(m, k, device="cuda", dtype=torch.float16)
-        us = timing.gpu_time_us([lambda w=w: F.linear(x, w) for w in w_f16])
-        rows.append(dict(base, M=m, impl="fp16", us=us))
-        if m == 1 and eager_m1:
-            rows.append(dict(base, M=m, impl="fp16_eager", us=timing.eager_wall_us(lambda w=w_f16[0]: F.linear(x, w))))
-    w_bf16 = [w.to(torch.bfloat16) for w in w_f16]
-    del w_f16
-    for m in ms:
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        rows.append(dict(base, M=m, impl="bf16", us=timing.gpu_time_us([lambda w=w: F.linear(x, w) for w in w_bf16])))
-    del w_bf16
+        for t in timed:
+            if m > t.max_m:
+                continue
+            us_rounds = times[(t.impl, id(t), m)]
+            extra = ({"plan": str(kernel.plan_for(t.weights[0], m, t.dtype)), "rel_err": t.rel_err} if t.impl == "w4a16" else {})
+            rows.append(dict(base, M=m, impl=t.impl, us=statistics.median(us_rounds), us_rounds=us_rounds, **t.fields, **extra))
+            if m == 1 and t.eager_m1:
+                x = torch.randn(m, k, device="cuda", dtype=t.dtype)
+                rows.append(dict(base, M=m, impl=f"{t.impl}_eager", us=timing.eager_wall_us(lambda: t.call(x, t.weights[0])),
+                                 **t.fields))
+    del timed
     torch.cuda.empty_cache()
 
+
+def baselines(shape, eager_m1) -> list[Timed]:
+    """cuBLAS fp16 and bf16, and torch's int4 GEMM (M <= 256, where this torch can pack it) on `shape`."""
+    n, k = shape["N"], shape["K"]
+    w_f16 = [torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(timing.copies_needed(timing.f16_bytes(n, k, 1)))]
+    out = [Timed("fp16", torch.float16, w_f16, F.linear, eager_m1=eager_m1),
+           Timed("bf16", torch.bfloat16, [w.to(torch.bfloat16) for w in w_f16], F.linear)]
     try:
         w_int4 = torch_int4_weights(n, k, 128, timing.copies_needed(timing.w4_bytes(n, k, 1, 128)))
     except Exception as exc:  # noqa: BLE001 - torch builds without tinygemm
         print(f"torch_int4 unavailable: {exc!r}"[:200])
-        w_int4 = None
-    if w_int4 is not None:
-        for m in ms:
-            if m > 256:
-                continue
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            fn = lambda w, x=x: torch.ops.aten._weight_int4pack_mm(x, w[0], 128, w[1])  # noqa: E731
-            rows.append(dict(base, M=m, impl="torch_int4", us=timing.gpu_time_us([lambda w=w: fn(w) for w in w_int4])))
-            if m == 1 and eager_m1:
-                rows.append(dict(base, M=m, impl="torch_int4_eager", us=timing.eager_wall_us(lambda: fn(w_int4[0]))))
-        del w_int4
-        torch.cuda.empty_cache()
+        return out
+    int4_mm = lambda x, w: torch.ops.aten._weight_int4pack_mm(x, w[0], 128, w[1])  # noqa: E731
+    return out + [Timed("torch_int4", torch.bfloat16, w_int4, int4_mm, max_m=256, eager_m1=eager_m1)]
 
 
-def bench_ours(kernel, shape, ms, variants, rows, eager_m1):
-    """The package's GEMM on `shape`, every variant at every M."""
-    n, k, name = shape["N"], shape["K"], shape["name"]
-    base = dict(shape=name, N=n, K=k)
-    # All variants' weights at once, then every M times each variant back to back: a slow drift of
-    # the GPU's clocks over the run then shows in every variant alike instead of in the later ones.
-    prepared = []
+def ours(kernel, shape, variants, eager_m1) -> list[Timed]:
+    """The package's GEMM on `shape`, one entry per weight format (its relative error checked once, in `rel_err`)."""
+    n, k = shape["N"], shape["K"]
+    out = []
     for vname in variants:
         dtype, group_size, symmetric, act_order = VARIANTS[vname]
         fields = dict(dtype="fp16" if dtype == torch.float16 else "bf16", group_size=group_size, symmetric=symmetric, act_order=act_order)
         copies = timing.copies_needed(timing.w4_bytes(n, k, 1, group_size, symmetric))
         weights = timing.random_w4_weights(kernel, n, k, group_size, copies, symmetric, act_order, dtype)
-        prepared.append((vname, dtype, fields, weights, check_w4a16(kernel, weights[0], dtype)))
-    for m in ms:
-        for vname, dtype, fields, weights, err in prepared:
-            x = torch.randn(m, k, device="cuda", dtype=dtype)
-            us = timing.gpu_time_us([lambda w=w: kernel.w4a16_linear(x, w) for w in weights])
-            plan = str(kernel.plan_for(weights[0], m, dtype))
-            rows.append(dict(base, M=m, impl="w4a16", us=us, **fields, plan=plan, rel_err=err))
-            if m == 1 and eager_m1 and vname == "base":
-                rows.append(dict(base, M=m, impl="w4a16_eager", us=timing.eager_wall_us(lambda: kernel.w4a16_linear(x, weights[0])), **fields))
-    del prepared
-    torch.cuda.empty_cache()
+        out.append(Timed("w4a16", dtype, weights, kernel.w4a16_linear, fields, eager_m1=eager_m1 and vname == "base",
+                         rel_err=check_w4a16(kernel, weights[0], dtype)))
+    return out
 
 
 def print_table(rows, group_size=128):
@@ -153,6 +160,7 @@ def main() -> None:
     ap.add_argument("--out", default="")
     ap.add_argument("--merge", action="store_true", help="add rows to an existing --out file (replacing equal keys)")
     ap.add_argument("--ours-only", action="store_true", help="time only the package's GEMM (an A/B of trees: gpu_session.sh ab)")
+    ap.add_argument("--rounds", type=int, default=3, help="time every (M, implementation) this many times, interleaved; rows keep the median")
     args = ap.parse_args()
     if args.ours_only and args.merge:
         raise SystemExit("--ours-only rows carry no fp16 time of their run: do not --merge them into a results file")
@@ -164,7 +172,7 @@ def main() -> None:
     old = json.loads(Path(args.out).read_text()) if (args.merge and args.out and Path(args.out).exists()) else {"rows": []}
     old_rows, old_commit = old["rows"], old.get("commit", "unknown")
     for shape in timing.select_shapes(args.shapes, shapes_data):
-        bench_shape(kernel, shape, ms, variants, rows, ours_only=args.ours_only)
+        bench_shape(kernel, shape, ms, variants, rows, args.rounds, ours_only=args.ours_only)
         if args.out:  # after every shape, so a run cut short keeps what it measured
             write_results(Path(args.out), rows, old_rows, old_commit)
     print_table(rows)
@@ -193,7 +201,7 @@ def write_results(out: Path, rows: list, old_rows: list, old_commit: str = "unkn
     kept = [r for r in kept if key(r) not in new_keys]
     result = {
         **info,
-        "method": "CUDA-graph replay over rotating weight copies (>3x L2), median; *_eager = host wall time per call (best of 5 loops)",
+        "method": "CUDA-graph replay over rotating weight copies (>3x L2), median; rows with us_rounds: median of that many interleaved rounds; *_eager = host wall time per call (best of 5 loops)",
         "rows": kept + rows,
     }
     out.write_text(json.dumps(result, indent=1) + "\n")

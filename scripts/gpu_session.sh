@@ -44,7 +44,7 @@ for step in ${STEPS:-tests}; do
         ab) for run in 1 2; do
                 for src in ${AB_SOURCE:-} ""; do
                     side=$(basename "${src:-new}")
-                    W4A16_SOURCE="$src" W4A16_COMMIT="${side}:${src:-HEAD}" timeout "${AB_TIMEOUT:-150}" python3 benchmarks/bench_gemm.py \
+                    W4A16_SOURCE="$src" W4A16_COMMIT="${side}:${src:-HEAD}" timeout "${AB_TIMEOUT:-150}" python3 benchmarks/bench_gemm.py --rounds 1 \
                         --ours-only --shapes "${AB_SHAPES:-8B.gate_up}" --m "${AB_M:-2,4,8}" --out "$OUT/ab_${side}_${run}.json" 2>&1 \
                         | grep -F "w4a16[fp16 g128]" | sed "s/^/${side}${run} /"
                 done
