@@ -142,6 +142,42 @@ def test_prepared_launch_passes_descriptors(w4a16, monkeypatch):
     assert kernel_args[names.index("s_ptr")] == tensors[1].data_ptr() and kernel_args[names.index("M")] == 128
 
 
+def test_kept_launches_drop_the_least_recently_used(w4a16):
+    """A weight keeps launches for at most _KEPT_LAUNCHES_PER_WEIGHT keys; past that a new key drops the least
+    recently used one (a key repeated since it was kept counts as recent), never refusing the new key."""
+    matmul = w4a16.matmul
+    cap = matmul._KEPT_LAUNCHES_PER_WEIGHT
+    kept: dict = {}
+    for m in range(cap):
+        assert matmul._recently_used(kept, m) is None
+        matmul._make_room(kept)
+        kept[m] = f"launch {m}"
+    assert matmul._recently_used(kept, 0) == "launch 0"  # key 0 repeated: now the most recent
+    matmul._make_room(kept)
+    kept[cap] = f"launch {cap}"
+    assert len(kept) == cap and 1 not in kept and kept[0] == "launch 0" and list(kept)[-2:] == [0, cap]
+    for m in range(cap + 1, 3 * cap):  # a stream of new keys keeps the newest cap of them
+        matmul._make_room(kept)
+        kept[m] = f"launch {m}"
+    assert list(kept) == list(range(2 * cap, 3 * cap))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="kept launches are the eager CUDA path")
+def test_more_batch_sizes_than_kept_launches(w4a16):
+    """A weight called at more batch sizes than it keeps launches for: every call right, the kept launches bounded,
+    and the batch size of the latest call kept (it would run the full path forever with a cache that stops filling)."""
+    weight, ref = random_layer(w4a16, 512, 96, 128, False, torch.float16, "cuda", seed=26)
+    cap = w4a16.matmul._KEPT_LAUNCHES_PER_WEIGHT
+    stream = w4a16.launch.current_stream(torch.device("cuda"))
+    for m in list(range(1, cap + 6)) + [1, 2]:
+        for _ in range(2):
+            x = torch.randn(m, 512, device="cuda", dtype=torch.float16)
+            assert _relative_error(w4a16.w4a16_linear(x, weight), x.double() @ ref) < TOL[torch.float16], m
+        assert len(weight.repeat_launches) <= cap
+        if w4a16.launch._fast_launch:
+            assert (m, torch.float16, stream, False) in weight.repeat_launches, m
+
+
 def test_copies_of_a_weight_start_without_kept_launches(w4a16):
     """Kept launches hold the weight's scratch and compiled kernels: a copied, deep-copied or unpickled weight
     (or a module holding it) must not inherit them, and still compute the same."""

@@ -78,12 +78,28 @@ def launcher_for(path: str, keep: bool = False):
 _KEPT_LAUNCHES_PER_WEIGHT = 16  # (M, dtype, stream, strict) keys per weight: decode batch sizes, a few streams
 
 
+def _recently_used(kept: dict, key):
+    """The launch kept for `key`, moved to the end of `kept` (the most recently used), or None."""
+    repeat = kept.pop(key, None)
+    if repeat is not None:
+        kept[key] = repeat
+    return repeat
+
+
+def _make_room(kept: dict) -> None:
+    """Drop the least recently used keys of `kept` until one more fits: a weight called with more keys than the cap
+    (many batch sizes, or each timing on a fresh stream) keeps launches for the recent ones, not only the first 16."""
+    while len(kept) >= _KEPT_LAUNCHES_PER_WEIGHT:
+        del kept[next(iter(kept))]
+
+
 def matmul_weight(x: torch.Tensor, weight: W4A16Weight, path: str = "auto", strict: bool = False) -> torch.Tensor:
     """`w4a16_matmul` on a `W4A16Weight`: its tensors were checked when it was made, so a call checks x only.
 
     Eager repeat calls on CUDA (path "auto", no act-order, x contiguous) repeat the launch kept from
     the first call of the same (M, dtype, stream, strict) in `weight.repeat_launches` (launch.RepeatLaunch):
-    the plan of a shape never changes, so planning and building the arguments again is host time only.
+    the plan of a shape never changes, so planning and building the arguments again is host time only. At most
+    _KEPT_LAUNCHES_PER_WEIGHT keys are kept, the least recently used dropped first.
     """
     validate_activation(x, weight.in_features, weight.qweight.device)
     if path != "auto" or weight.perm is not None or not x.is_cuda or not x.is_contiguous():
@@ -91,7 +107,7 @@ def matmul_weight(x: torch.Tensor, weight: W4A16Weight, path: str = "auto", stri
                                weight.group_size, path, strict)
     kept = weight.repeat_launches
     key = (x.numel() // weight.in_features, x.dtype, current_stream(x.device), strict)
-    repeat = kept.get(key)
+    repeat = _recently_used(kept, key)
     if repeat is not None and repeat.stale():  # the stream's split-K workspace was replaced: keep anew
         del kept[key]
         repeat = None
@@ -100,7 +116,9 @@ def matmul_weight(x: torch.Tensor, weight: W4A16Weight, path: str = "auto", stri
         if y is not None:
             return y if x.dim() == 2 else y.view(*x.shape[:-1], weight.out_features)
     # First call of this key (or an unaligned x): the full path, keeping its launch where it can
-    keep = repeat is None and len(kept) < _KEPT_LAUNCHES_PER_WEIGHT and not torch.cuda.is_current_stream_capturing()
+    keep = repeat is None and not torch.cuda.is_current_stream_capturing()
+    if keep:
+        _make_room(kept)
     return _matmul_checked(x, weight.qweight, weight.scales, weight.zeros, None, weight.in_features, weight.group_size,
                            path, strict, keep_into=(kept, key) if keep else None)
 
