@@ -159,6 +159,16 @@ def test_decode_keeps_gather_pdl_only_for_act_order(w4a16, device):
     assert "GATHER_PDL" not in plain.config
 
 
+def test_decode_drops_adjacent_rows_for_per_channel(w4a16, device):
+    """ADJACENT_ROWS (the row order of the per-block scale and zero loads) is dropped from a per-channel plan, whose one
+    group's loads leave the loop, so the plan shows what runs; kept for every group size that loads per block."""
+    dispatch = w4a16.dispatch
+    dev = torch.device(device)
+    for group_size, kept in ((512, False), (128, True), (256, True), (64, True), (32, True)):
+        plan = dispatch.plan_gemm(4, 96, 512, group_size, torch.float16, dev, path="decode", config={"ADJACENT_ROWS": True})
+        assert plan.config.get("ADJACENT_ROWS", False) == kept, group_size
+
+
 @pytest.mark.skipif(not _on_nvidia(), reason="the Gluon kernel needs an NVIDIA GPU (sm_80+)")
 def test_decode_act_order_and_unaligned_x(w4a16):
     """Act-order weights (x gathered first, as for every path) and an x whose rows are not 4-byte aligned (the

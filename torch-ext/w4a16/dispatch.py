@@ -39,6 +39,7 @@ import torch
 
 from .gemm_decode import available as decode_available
 from .gemm_pingpong import available as pingpong_available
+from .layout import blocks_per_group
 
 __all__ = ["PATHS", "TENSOR_CORE_PATHS", "GLUON_PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "index_tuned_entries",
            "format_key", "tuned_row", "CONFIG_KEYS", "CONFIG_OPTIONS", "row_config", "programmatic_launch"]
@@ -156,12 +157,19 @@ def programmatic_launch(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def _applicable(plan: Plan, act_order: bool, device: torch.device) -> Plan:
-    """`plan` without the options that do not apply to this call, decided once per plan (not per call):
-    GATHER_PDL (act-order's GEMM launched as a programmatic dependent of the gather of x) needs
-    act-order weights, a path of GATHER_PDL_PATHS and `programmatic_launch`; elsewhere it is dropped."""
+def _applicable(plan: Plan, act_order: bool, device: torch.device, group_size: int, k: int) -> Plan:
+    """`plan` without the options that do not apply to this call, decided once per plan (not per call), so that the
+    plan says what runs: GATHER_PDL (act-order's GEMM launched as a programmatic dependent of the gather of x) needs
+    act-order weights, a path of GATHER_PDL_PATHS and `programmatic_launch`; ADJACENT_ROWS (the decode kernel's row
+    order for its per-block scale and zero loads) needs groups that span blocks or lie within them, not per-channel
+    (its one group's loads leave the loop, and the launcher ignores the option there)."""
+    dropped = set()
     if plan.config.get("GATHER_PDL") and not (act_order and plan.path in GATHER_PDL_PATHS and programmatic_launch(device)):
-        return Plan(plan.path, {k: v for k, v in plan.config.items() if k != "GATHER_PDL"}, plan.source)
+        dropped.add("GATHER_PDL")
+    if plan.config.get("ADJACENT_ROWS") and blocks_per_group(group_size, k) == 0:
+        dropped.add("ADJACENT_ROWS")
+    if dropped:
+        return Plan(plan.path, {key: v for key, v in plan.config.items() if key not in dropped}, plan.source)
     return plan
 
 
@@ -265,7 +273,7 @@ def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, d
             if "PROGRAMS" in cfg:
                 cfg["PROGRAMS"] = programs_for_device(cfg["PROGRAMS"], table_sm_count, sm_count)
             source = f"tuned:{file}" + ("" if runnable is row else f" (FALLBACK of a {row['path']} entry)")
-            plan = _applicable(Plan(runnable["path"], cfg, source), act_order, device)
+            plan = _applicable(Plan(runnable["path"], cfg, source), act_order, device, group_size, k)
         else:
             plan = _heuristic(mb, n, k, sm_count)
     else:
@@ -295,7 +303,7 @@ def plan_gemm(
     RuntimeError (so a deployment notices a silent fallback to a generic configuration).
     """
     if path != "auto":
-        return _applicable(_forced(path, m, n, k, config), act_order, device)
+        return _applicable(_forced(path, m, n, k, config), act_order, device, group_size, k)
     if config is not None:
         raise ValueError("config may only be given together with a forced path (path='splitk', ...)")
     if device.type != "cuda":
