@@ -71,17 +71,16 @@ def bench_shape(kernel, shape, ms, variants, rows, rounds=3, eager_m1=True, ours
     times: dict = {}
     for _ in range(rounds):
         for m in ms:
-            for t in timed:
+            for i, t in enumerate(timed):
                 if m <= t.max_m:
                     x = torch.randn(m, k, device="cuda", dtype=t.dtype)
-                    times.setdefault((t.impl, id(t), m), []).append(
-                        timing.gpu_time_us([lambda w=w: t.call(x, w) for w in t.weights]))
+                    times.setdefault((i, m), []).append(timing.gpu_time_us([lambda w=w: t.call(x, w) for w in t.weights]))
     base = dict(shape=name, N=n, K=k)
     for m in ms:
-        for t in timed:
+        for i, t in enumerate(timed):
             if m > t.max_m:
                 continue
-            us_rounds = times[(t.impl, id(t), m)]
+            us_rounds = times[(i, m)]
             extra = ({"plan": str(kernel.plan_for(t.weights[0], m, t.dtype)), "rel_err": t.rel_err} if t.impl == "w4a16" else {})
             rows.append(dict(base, M=m, impl=t.impl, us=statistics.median(us_rounds), us_rounds=us_rounds, **t.fields, **extra))
             if m == 1 and t.eager_m1:
