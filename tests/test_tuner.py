@@ -221,6 +221,7 @@ def _benchmark_module(name: str):
     sys.path.insert(0, str(REPO / "benchmarks"))
     spec = importlib.util.spec_from_file_location(f"w4a16_{name}", REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as an import would: a dataclass there looks its module up by name
     spec.loader.exec_module(module)
     return module
 
