@@ -37,9 +37,9 @@ from pathlib import Path
 
 import torch
 
+from .gemm_decode import adjacent_rows_apply
 from .gemm_decode import available as decode_available
 from .gemm_pingpong import available as pingpong_available
-from .layout import blocks_per_group
 
 __all__ = ["PATHS", "TENSOR_CORE_PATHS", "GLUON_PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "index_tuned_entries",
            "format_key", "tuned_row", "CONFIG_KEYS", "CONFIG_OPTIONS", "row_config", "programmatic_launch"]
@@ -161,12 +161,11 @@ def _applicable(plan: Plan, act_order: bool, device: torch.device, group_size: i
     """`plan` without the options that do not apply to this call, decided once per plan (not per call), so that the
     plan says what runs: GATHER_PDL (act-order's GEMM launched as a programmatic dependent of the gather of x) needs
     act-order weights, a path of GATHER_PDL_PATHS and `programmatic_launch`; ADJACENT_ROWS (the decode kernel's row
-    order for its per-block scale and zero loads) needs groups that span blocks or lie within them, not per-channel
-    (its one group's loads leave the loop, and the launcher ignores the option there)."""
+    order for its per-block scale and zero loads) needs `gemm_decode.adjacent_rows_apply` (not per-channel)."""
     dropped = set()
     if plan.config.get("GATHER_PDL") and not (act_order and plan.path in GATHER_PDL_PATHS and programmatic_launch(device)):
         dropped.add("GATHER_PDL")
-    if plan.config.get("ADJACENT_ROWS") and blocks_per_group(group_size, k) == 0:
+    if plan.config.get("ADJACENT_ROWS") and not adjacent_rows_apply(group_size, k):
         dropped.add("ADJACENT_ROWS")
     if dropped:
         return Plan(plan.path, {key: v for key, v in plan.config.items() if key not in dropped}, plan.source)

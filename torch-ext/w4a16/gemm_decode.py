@@ -61,7 +61,8 @@ try:  # Gluon is experimental: absent before Triton 3.5, and its names move betw
 except ImportError:  # pragma: no cover - exercised only with an old Triton
     HAVE_GLUON = False
 
-__all__ = ["HAVE_GLUON", "available", "launch_decode", "launch_decode_kept", "compile_for_sm90", "DECODE_ROWS"]
+__all__ = ["HAVE_GLUON", "available", "adjacent_rows_apply", "launch_decode", "launch_decode_kept", "compile_for_sm90",
+           "DECODE_ROWS"]
 
 DECODE_ROWS = (16, 32)  # weight rows per program the kernel takes (ROWS)
 
@@ -472,6 +473,13 @@ _TENSOR_ARGS = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr")
 _INT_ARGS = ("M", "N", "K", "stride_xm", "stride_ym")
 
 
+def adjacent_rows_apply(group_size: int, in_features: int) -> bool:
+    """Whether the plan option ADJACENT_ROWS changes the kernel for this weight format: only where the loop loads
+    scales and zeros per block, not per-channel (its one group's loads leave the loop, and the row order would only
+    cost its word loads, NOTES v30). The launcher ignores the option elsewhere and the dispatcher drops it."""
+    return blocks_per_group(group_size, in_features) != 0
+
+
 def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int, group_size: int,
                    symmetric: bool) -> tuple[dict, dict]:
     """(constexprs, options) of `_decode_kernel` for a decode plan's configuration `cfg` (num_warps, ROWS, AHEAD,
@@ -488,9 +496,7 @@ def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int,
     wait_prior = bool(cfg.get("GATHER_PDL", False))
     groups = groups_per_block(group_size, in_features)
     group_blocks = blocks_per_group(group_size, in_features)
-    # ADJACENT_ROWS only where the loop loads scales and zeros per block (not per-channel: its one group's loads leave
-    # the loop, and the row order would only cost its word loads, NOTES v30)
-    adjacent = bool(cfg.get("ADJACENT_ROWS", False)) and group_blocks != 0
+    adjacent = bool(cfg.get("ADJACENT_ROWS", False)) and adjacent_rows_apply(group_size, in_features)
     constexprs = dict(WARPS=warps, ROWS=rows, BLOCK_M=block_m, AHEAD=ahead, SYMMETRIC=symmetric, GROUPS=groups,
                       BLOCKS_PER_GROUP=group_blocks, ADJACENT_ROWS=adjacent,
                       PARAMS_VECTOR=adjacent and out_features % (rows // 8) == 0,
