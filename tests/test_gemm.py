@@ -392,6 +392,29 @@ def test_pack_unpack_exact(w4a16):
 
 
 @pytest.mark.kernels_ci
+def test_symmetric_high_nibble_constants(w4a16):
+    """The shift-free read of nibble pairs 1 and 3 (symmetric fp16, NVIDIA asm: `dequant.magic_high_pairs`): for every
+    code q at bits 4-7 of either half, (w & 0x00F000F0) | 0x6400 is the fp16 1024 + 16 q, and one fma with the asm's
+    constants (1 / 16, -72) gives q - 8 exactly (the asm itself runs only on a GPU, in the Triton path tests)."""
+    dq = w4a16.dequant
+
+    def halves(pair):  # uint32 pair -> its two fp16 values
+        return torch.tensor([pair & 0xFFFF, pair >> 16], dtype=torch.int32).to(torch.int16).view(torch.float16).double()
+
+    scale, offset = halves(int(dq.HIGH_NIBBLE_SCALE_PAIR)), halves(int(dq.SYMMETRIC_HIGH_OFFSET_PAIR))
+    magic = int(dq.MAGIC_PAIR[torch.float16])
+    codes = torch.arange(16)
+    for lo, hi in [(codes, codes.flip(0)), (codes.roll(5), codes)]:
+        values = []
+        for q_lo, q_hi in zip(lo.tolist(), hi.tolist()):
+            word = ((q_lo << 4) | (q_hi << 20)) & 0x00F000F0 | magic  # nibbles 1 and 5 of a word, OR-ed with C
+            pair = halves(word)
+            assert pair.tolist() == [1024 + 16 * q_lo, 1024 + 16 * q_hi]
+            exact = pair * scale + offset  # the fma's exact result, then its one fp16 rounding
+            values.append(exact.to(torch.float16).double().tolist())
+        assert values == [[q_lo - 8.0, q_hi - 8.0] for q_lo, q_hi in zip(lo.tolist(), hi.tolist())]
+
+
 def test_prepared_weight_dequantizes_like_seed(w4a16):
     weight, ref = random_layer(w4a16, 256, 24, 64, False, torch.float16, "cpu", act_order=True, seed=5)
     assert torch.equal(weight.dequantize(torch.float64), ref)

@@ -20,8 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["MAGIC_PAIR", "MAGIC_VALUE", "uint_as_float", "magic_pairs", "dequantize_pairs", "pack_pair", "pairs_to_slice",
-           "concat_k", "concat_slices", "unpack_slices", "operand_part", "row_of"]
+__all__ = ["MAGIC_PAIR", "MAGIC_VALUE", "HIGH_NIBBLE_SCALE_PAIR", "SYMMETRIC_HIGH_OFFSET_PAIR", "uint_as_float", "magic_pairs",
+           "dequantize_pairs", "magic_high_pairs", "dequantize_symmetric_high_pairs", "pack_pair", "pairs_to_slice", "concat_k", "concat_slices", "unpack_slices",
+           "operand_part", "row_of"]
 
 # fp16 1024.0 / bf16 128.0 in both 16-bit halves of a word: OR-ed with two nibbles at bits 0 and 16
 # it gives the two 16-bit floats C + q (the magic-number conversion).
@@ -98,6 +99,34 @@ def dequantize_half(bits, scale, shifted_zero, residual, XT_DTYPE: tl.constexpr)
     return ((c - shifted_zero) * scale + residual).to(XT_DTYPE).to(tl.uint16, bitcast=True).to(tl.uint32)
 
 
+# Symmetric fp16 weights (USE_ASM) read nibble pairs 1 and 3 without a shift: (w & 0x00F000F0) | C is C + 16 q (fp16's
+# unit at C = 1024 is 1, so bits 4-7 stay in the mantissa), and q - 8 = (C + 16 q) / 16 - 72 is one fma with constants,
+# exact (small integers); pairs 2 and 3 share one shift (w >> 8): 13 instructions per word instead of 15, 1.5-2.5%
+# faster at M = 16..64 on the H200 (NOTES v34). With a zero per group the fma would need 960 - R as one more
+# parameter tensor, whose layout conversion cost the asymmetric loop two barriers and the gain (NOTES v34); bf16's
+# mantissa ends at bit 6, so bf16 keeps the shifts.
+HIGH_NIBBLE_MAGIC = tl.constexpr(MAGIC_PAIR[torch.float16])
+HIGH_NIBBLE_SCALE_PAIR = tl.constexpr(0x2C002C00)  # fp16 1 / 16 in both halves
+SYMMETRIC_HIGH_OFFSET_PAIR = tl.constexpr(0xD480D480)  # fp16 -72 = -(1024 / 16 + 8) in both halves
+
+
+@triton.jit
+def magic_high_pairs(words):
+    """(words & 0x00F000F0) | fp16 C in both halves (one lop3): nibbles 1 and 5 as the fp16 pair C + 16 q."""
+    return tl.inline_asm_elementwise(f"lop3.b32 $0, $1, 0x00F000F0, {HIGH_NIBBLE_MAGIC}, 0xEA;", "=r,r", [words],
+                                     dtype=tl.uint32, is_pure=True, pack=1)
+
+
+@triton.jit
+def dequantize_symmetric_high_pairs(pairs, params):
+    """`dequantize_pairs` (USE_ASM, fp16, symmetric: params = (s,)) for pairs of C + 16 q (`magic_high_pairs`):
+    q - 8 = pairs / 16 - 72 by one fma, then * s."""
+    return tl.inline_asm_elementwise(f"{{ .reg .b32 t, m, k; mov.b32 m, {HIGH_NIBBLE_SCALE_PAIR}; "
+                                     f"mov.b32 k, {SYMMETRIC_HIGH_OFFSET_PAIR}; fma.rn.f16x2 t, $1, m, k; "
+                                     "mul.rn.f16x2 $0, t, $2; }", "=r,r,r", [pairs, params[0]], dtype=tl.uint32,
+                                     is_pure=True, pack=1)
+
+
 @triton.jit
 def pack_pair(v, XT_DTYPE: tl.constexpr):
     """A 16-bit float tensor -> uint32 holding its bits in both halves (the operand of packed math)."""
@@ -152,12 +181,24 @@ def unpack_slices(words, operand_params, MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: 
     (`dequantize_pairs`; operand_params holds one parameter triple per scale fold). Split, join and
     reshape only relabel registers.
     """
+    # symmetric fp16: nibble pairs 1 and 3 without a shift (`magic_high_pairs`)
+    HIGH: tl.constexpr = DEQUANTIZE and USE_ASM and MAGIC_PAIR == HIGH_NIBBLE_MAGIC and len(operand_params[0]) == 1
+    if HIGH:
+        words_hi = words >> 8
     low_slices = ()
     high_slices = ()
     for q in tl.static_range(4):
-        pairs = magic_pairs(words, q, MAGIC_PAIR, USE_ASM)  # [BLOCK_N, 16]: word c = 2p + h (words: uint32)
+        if HIGH and q % 2 == 1:
+            pairs = magic_high_pairs(words if q == 1 else words_hi)
+        elif HIGH and q == 2:
+            pairs = magic_pairs(words_hi, 0, MAGIC_PAIR, USE_ASM)
+        else:
+            pairs = magic_pairs(words, q, MAGIC_PAIR, USE_ASM)  # [BLOCK_N, 16]: word c = 2p + h (words: uint32)
         even, odd = tl.split(tl.reshape(pairs, (BLOCK_N, 8, 2)))
-        if DEQUANTIZE:  # slice j = 4h + q belongs to scale fold j // FOLD_SUBS
+        if HIGH and q % 2 == 1:
+            even = dequantize_symmetric_high_pairs(even, operand_params[q // FOLD_SUBS])
+            odd = dequantize_symmetric_high_pairs(odd, operand_params[(4 + q) // FOLD_SUBS])
+        elif DEQUANTIZE:  # slice j = 4h + q belongs to scale fold j // FOLD_SUBS
             even = dequantize_pairs(even, operand_params[q // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
             odd = dequantize_pairs(odd, operand_params[(4 + q) // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
         low_slices = low_slices + (pairs_to_slice(even, XT_DTYPE, BLOCK_N).to(DOT_DTYPE),)
@@ -173,11 +214,22 @@ def operand_part(words, params, FIRST: tl.constexpr, COUNT: tl.constexpr, DEQUAN
     [BLOCK_N, 16 * COUNT] of C + q, or with DEQUANTIZE of (q - z) * s (`unpack_slices` makes all eight
     slices at once). Slice j = 4h + q is nibble pair q of the word columns 2p + h."""
     halves = tl.split(tl.reshape(words, (BLOCK_N, 8, 2)))  # (even word columns: slices 0..3, odd: 4..7)
+    # symmetric fp16: nibble pairs 1 and 3 without a shift (`magic_high_pairs`)
+    HIGH: tl.constexpr = DEQUANTIZE and USE_ASM and MAGIC_PAIR == HIGH_NIBBLE_MAGIC and len(params[0]) == 1
+    if HIGH:
+        halves_hi = (halves[0] >> 8, halves[1] >> 8)
     slices = ()
     for j in tl.static_range(FIRST, FIRST + COUNT):
-        pairs = magic_pairs(halves[j // 4], j % 4, MAGIC_PAIR, USE_ASM)
-        if DEQUANTIZE:
-            pairs = dequantize_pairs(pairs, params[j // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
+        if HIGH and j % 2 == 1:
+            pairs = dequantize_symmetric_high_pairs(magic_high_pairs(halves[j // 4] if j % 4 == 1 else halves_hi[j // 4]),
+                                                    params[j // FOLD_SUBS])
+        elif HIGH and j % 4 == 2:
+            pairs = dequantize_pairs(magic_pairs(halves_hi[j // 4], 0, MAGIC_PAIR, USE_ASM), params[j // FOLD_SUBS],
+                                     MAGIC_VALUE, XT_DTYPE, USE_ASM)
+        else:
+            pairs = magic_pairs(halves[j // 4], j % 4, MAGIC_PAIR, USE_ASM)
+            if DEQUANTIZE:
+                pairs = dequantize_pairs(pairs, params[j // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
         slices = slices + (pairs_to_slice(pairs, XT_DTYPE, BLOCK_N).to(DOT_DTYPE),)
     return concat_slices(slices, 0, COUNT)
 
