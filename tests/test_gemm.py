@@ -415,6 +415,7 @@ def test_symmetric_high_nibble_constants(w4a16):
         assert values == [[q_lo - 8.0, q_hi - 8.0] for q_lo, q_hi in zip(lo.tolist(), hi.tolist())]
 
 
+@pytest.mark.kernels_ci
 def test_prepared_weight_dequantizes_like_seed(w4a16):
     weight, ref = random_layer(w4a16, 256, 24, 64, False, torch.float16, "cpu", act_order=True, seed=5)
     assert torch.equal(weight.dequantize(torch.float64), ref)

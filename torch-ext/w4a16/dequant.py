@@ -11,7 +11,9 @@ The magic number: a nibble OR-ed into the mantissa of a float whose integer part
 integer-to-float conversion. `dequantize_pairs` then applies zero and scale on the packed pairs.
 
 Every function with PTX inline assembly (USE_ASM, NVIDIA only) has a plain bit-op twin selected by the
-same constexpr: Triton's CPU interpreter and AMD run the twin, and the asm must compute what it computes.
+same constexpr: Triton's CPU interpreter and AMD run the twin, and the asm must compute what it computes. The
+symmetric fp16 read of nibble pairs 1 and 3 without a shift (`magic_high_pairs`, `dequantize_symmetric_high_pairs`) is
+used only with USE_ASM: without it those pairs take the shifting path, whose twin computes the same values.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["MAGIC_PAIR", "MAGIC_VALUE", "HIGH_NIBBLE_SCALE_PAIR", "SYMMETRIC_HIGH_OFFSET_PAIR", "uint_as_float", "magic_pairs",
-           "dequantize_pairs", "magic_high_pairs", "dequantize_symmetric_high_pairs", "pack_pair", "pairs_to_slice", "concat_k", "concat_slices", "unpack_slices",
-           "operand_part", "row_of"]
+__all__ = ["MAGIC_PAIR", "MAGIC_VALUE", "HIGH_NIBBLE_SCALE_PAIR", "SYMMETRIC_HIGH_OFFSET_PAIR", "uint_as_float",
+           "magic_pairs", "dequantize_pairs", "magic_high_pairs", "dequantize_symmetric_high_pairs", "pack_pair",
+           "pairs_to_slice", "concat_k", "concat_slices", "unpack_slices", "operand_part", "row_of"]
 
 # fp16 1024.0 / bf16 128.0 in both 16-bit halves of a word: OR-ed with two nibbles at bits 0 and 16
 # it gives the two 16-bit floats C + q (the magic-number conversion).
@@ -101,7 +103,7 @@ def dequantize_half(bits, scale, shifted_zero, residual, XT_DTYPE: tl.constexpr)
 
 # Symmetric fp16 weights (USE_ASM) read nibble pairs 1 and 3 without a shift: (w & 0x00F000F0) | C is C + 16 q (fp16's
 # unit at C = 1024 is 1, so bits 4-7 stay in the mantissa), and q - 8 = (C + 16 q) / 16 - 72 is one fma with constants,
-# exact (small integers); pairs 2 and 3 share one shift (w >> 8): 13 instructions per word instead of 15, 1.5-2.5%
+# exact (small integers); pairs 2 and 3 share one shift (w >> 8): 13 instructions per word instead of 15, ~2%
 # faster at M = 16..64 on the H200 (NOTES v34). With a zero per group the fma would need 960 - R as one more
 # parameter tensor, whose layout conversion cost the asymmetric loop two barriers and the gain (NOTES v34); bf16's
 # mantissa ends at bit 6, so bf16 keeps the shifts.
