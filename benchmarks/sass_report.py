@@ -1,5 +1,6 @@
 """Compile the kernels the dispatcher would launch for sm_90 on any machine (no GPU) and summarise their
-hot loop: registers, spills, instructions, block-wide barriers, MMAs and where the first MMA sits.
+hot loop: registers, spills, instructions, block-wide barriers, MMAs and where the first MMA sits. Covers gemm.py's
+Triton kernels and the Gluon decode kernel (`gemm_decode.compile_for_sm90`); pingpong plans print "-".
 
     python benchmarks/sass_report.py --shapes 8B.gate_up,70B.qkv --m 2,128 [--variant base]
 
@@ -38,9 +39,10 @@ TARGET = GPUTarget("cuda", 90, 32)  # H100 / H200
 NVIDIA_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
-def captured_launches(kernel, m: int, n: int, k: int, variant: str, overrides: dict | None = None) -> list:
-    """(PreparedLaunch, tensors, ints) of the kernels one call of the H200's plan would launch (with
-    `overrides` replacing entries of the plan's configuration: a candidate compiled before it is timed)."""
+def tuned_call(kernel, m: int, n: int, k: int, variant: str, overrides: dict | None = None):
+    """(plan, configuration) of the H200 table's entry for this call (with `overrides` replacing entries of the
+    configuration: a candidate compiled before it is timed). The configuration is the entry's own: planning on the
+    CPU drops the options that need a GPU (GATHER_PDL), which the decode kernel's compile must still see."""
     dtype, group_size, symmetric, act_order = timing.VARIANTS[variant]
     g = timing.effective_group_size(group_size, k)
     dispatch = kernel.dispatch
@@ -49,7 +51,28 @@ def captured_launches(kernel, m: int, n: int, k: int, variant: str, overrides: d
     if row is None:
         raise SystemExit(f"no tuned entry for N={n} K={k} M={m} {variant}")
     config = {**dispatch.row_config(row), **(overrides or {})}
-    plan = dispatch.plan_gemm(m, n, k, g, dtype, torch.device("cpu"), path=row["path"], config=config)
+    return dispatch.plan_gemm(m, n, k, g, dtype, torch.device("cpu"), path=row["path"], config=config), config
+
+
+def compile_decode_for_sm90(kernel, m: int, n: int, k: int, variant: str, config: dict):
+    """The Gluon decode kernel a call of a decode plan launches, compiled for sm_90 (`gemm_decode.compile_for_sm90`,
+    which takes the plan's options through the launcher's own `_launch_config`), and its warp count."""
+    dtype, group_size, symmetric, _ = timing.VARIANTS[variant]
+    compiled = kernel.gemm_decode.compile_for_sm90(
+        dtype, 8 if m <= 8 else 16, config.get("num_warps", 4), config.get("ROWS", 16), config.get("AHEAD", 1), symmetric,
+        group_size=timing.effective_group_size(group_size, k), maxnreg=config.get("maxnreg"), in_features=k,
+        out_features=n, zeros_by_x_sum=bool(config.get("ZEROS_BY_X_SUM")), wait_prior=bool(config.get("GATHER_PDL")),
+        adjacent_rows=bool(config.get("ADJACENT_ROWS")), x_at_use=bool(config.get("X_AT_USE")))  # (BLOCK_M: _decode_launch's)
+    return compiled, config.get("num_warps", 4)
+
+
+def captured_launches(kernel, m: int, n: int, k: int, variant: str, overrides: dict | None = None) -> list:
+    """(plan, PreparedLaunch, tensors, ints) of the kernels of gemm.py one call of the H200's plan would launch
+    (`tuned_call`); (plan, None, None, None) for the dense path and the Gluon kernels."""
+    dtype, group_size, symmetric, _ = timing.VARIANTS[variant]
+    g = timing.effective_group_size(group_size, k)
+    dispatch = kernel.dispatch
+    plan, _ = tuned_call(kernel, m, n, k, variant, overrides)
     if plan.path in ("dense", "reference") or plan.path in dispatch.GLUON_PATHS:
         # no Triton kernel of gemm.py: cuBLAS / torch, or a Gluon kernel (its module's compile_for_sm90 compiles it)
         return [(plan, None, None, None)]
@@ -171,12 +194,17 @@ def main() -> None:
     for shape in timing.select_shapes(args.shapes):
         for m in (int(v) for v in args.m.split(",")):
             for plan, prepared, tensors, ints in captured_launches(kernel, m, shape["N"], shape["K"], args.variant, overrides):
-                s = {}  # dense / reference / Gluon plans: no Triton kernel of gemm.py, every column "-"
+                s = {}  # dense / reference / pingpong plans: every column "-"
+                compiled = warps = None
                 if prepared is not None:
-                    compiled = compile_for_sm90(prepared, tensors, ints)
+                    compiled, warps = compile_for_sm90(prepared, tensors, ints), prepared.options.get("num_warps", 4)
+                elif plan.path == "decode":
+                    _, config = tuned_call(kernel, m, shape["N"], shape["K"], args.variant, overrides)
+                    compiled, warps = compile_decode_for_sm90(kernel, m, shape["N"], shape["K"], args.variant, config)
+                if compiled is not None:
                     s = hot_loop_summary(compiled.asm["cubin"])
                     s["smem_kb"] = round(compiled.metadata.shared / 1024, 1)
-                    s["ctas"] = resident_ctas(s["regs"], compiled.metadata.shared, prepared.options.get("num_warps", 4))
+                    s["ctas"] = resident_ctas(s["regs"], compiled.metadata.shared, warps)
                 print(f"{shape['name']:12s} {m:5d}  " + " ".join(f"{'-' if s.get(key) is None else s[key]:>{width}}" for key, _, width in COLUMNS)
                       + f"  {plan.path} " + " ".join(f"{k}={v}" for k, v in sorted(plan.config.items())), flush=True)
 

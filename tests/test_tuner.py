@@ -217,6 +217,25 @@ def test_sass_report_records_the_launch(w4a16, m, variant):
     assert any(prepared is launch.kernel for launch in plan.launches.values())  # the plan's own prepared launch
 
 
+@pytest.mark.kernels_ci
+def test_sass_report_compiles_decode_plans_with_their_gpu_options(w4a16, pristine_triton_language):
+    """sass_report.py compiles a decode plan's Gluon kernel with the table entry's own options: planning on the CPU
+    drops GATHER_PDL (it needs a GPU), but the act-order kernel the H200 launches waits for its gather."""
+    if not w4a16.gemm_decode.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("w4a16_sass_report", REPO / "benchmarks" / "sass_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    plan, config = report.tuned_call(w4a16, 1, 4096, 4096, "act_order")
+    assert plan.path == "decode" and config.get("GATHER_PDL") and not plan.config.get("GATHER_PDL")
+    compiled, warps = report.compile_decode_for_sm90(w4a16, 1, 4096, 4096, "act_order", config)
+    assert "griddepcontrol.wait" in compiled.asm["ptx"] and warps == config["num_warps"]
+    _, base_config = report.tuned_call(w4a16, 1, 4096, 4096, "base")
+    plain, _ = report.compile_decode_for_sm90(w4a16, 1, 4096, 4096, "base", base_config)
+    assert "griddepcontrol.wait" not in plain.asm["ptx"]
+
+
 def _benchmark_module(name: str):
     sys.path.insert(0, str(REPO / "benchmarks"))
     spec = importlib.util.spec_from_file_location(f"w4a16_{name}", REPO / "benchmarks" / f"{name}.py")
