@@ -172,6 +172,30 @@ def concat_slices(slices, START: tl.constexpr, COUNT: tl.constexpr):
 
 
 @triton.jit
+def _nibble_pairs(words, words_hi, q: tl.constexpr, HIGH: tl.constexpr, MAGIC_PAIR: tl.constexpr, USE_ASM: tl.constexpr):
+    """Nibble pair q of each word as magic pairs: C + q (`magic_pairs`), or with HIGH (symmetric fp16, asm) the
+    shift-free read: odd q as C + 16 q (`magic_high_pairs`), q = 2 and 3 from words_hi = words >> 8."""
+    if HIGH and q % 2 == 1:
+        pairs = magic_high_pairs(words if q == 1 else words_hi)
+    elif HIGH and q == 2:
+        pairs = magic_pairs(words_hi, 0, MAGIC_PAIR, USE_ASM)
+    else:
+        pairs = magic_pairs(words, q, MAGIC_PAIR, USE_ASM)
+    return pairs
+
+
+@triton.jit
+def _dequantized(pairs, params, q: tl.constexpr, HIGH: tl.constexpr, MAGIC_VALUE: tl.constexpr, XT_DTYPE: tl.constexpr,
+                 USE_ASM: tl.constexpr):
+    """`_nibble_pairs`' pairs of nibble pair q -> (q - z) * s with one fold's params."""
+    if HIGH and q % 2 == 1:
+        pairs = dequantize_symmetric_high_pairs(pairs, params)
+    else:
+        pairs = dequantize_pairs(pairs, params, MAGIC_VALUE, XT_DTYPE, USE_ASM)
+    return pairs
+
+
+@triton.jit
 def unpack_slices(words, operand_params, MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr,
                    DEQUANTIZE: tl.constexpr, FOLD_SUBS: tl.constexpr, XT_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr,
                    BLOCK_N: tl.constexpr):
@@ -181,28 +205,18 @@ def unpack_slices(words, operand_params, MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: 
     values C + q, the row pair (2p, 2p+1) of slice 4h + q (see layout.py); even word columns (h = 0)
     hold slices 0..3, odd ones (h = 1) slices 4..7. With DEQUANTIZE the pairs become (q - z) * s
     (`dequantize_pairs`; operand_params holds one parameter triple per scale fold). Split, join and
-    reshape only relabel registers.
+    reshape only relabel registers. Symmetric fp16 (asm) reads pairs 1 and 3 without a shift (`_nibble_pairs`).
     """
-    # symmetric fp16: nibble pairs 1 and 3 without a shift (`magic_high_pairs`)
     HIGH: tl.constexpr = DEQUANTIZE and USE_ASM and MAGIC_PAIR == HIGH_NIBBLE_MAGIC and len(operand_params[0]) == 1
-    if HIGH:
-        words_hi = words >> 8
+    words_hi = words >> 8 if HIGH else words
     low_slices = ()
     high_slices = ()
     for q in tl.static_range(4):
-        if HIGH and q % 2 == 1:
-            pairs = magic_high_pairs(words if q == 1 else words_hi)
-        elif HIGH and q == 2:
-            pairs = magic_pairs(words_hi, 0, MAGIC_PAIR, USE_ASM)
-        else:
-            pairs = magic_pairs(words, q, MAGIC_PAIR, USE_ASM)  # [BLOCK_N, 16]: word c = 2p + h (words: uint32)
+        pairs = _nibble_pairs(words, words_hi, q, HIGH, MAGIC_PAIR, USE_ASM)  # [BLOCK_N, 16]: word c = 2p + h (uint32)
         even, odd = tl.split(tl.reshape(pairs, (BLOCK_N, 8, 2)))
-        if HIGH and q % 2 == 1:
-            even = dequantize_symmetric_high_pairs(even, operand_params[q // FOLD_SUBS])
-            odd = dequantize_symmetric_high_pairs(odd, operand_params[(4 + q) // FOLD_SUBS])
-        elif DEQUANTIZE:  # slice j = 4h + q belongs to scale fold j // FOLD_SUBS
-            even = dequantize_pairs(even, operand_params[q // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
-            odd = dequantize_pairs(odd, operand_params[(4 + q) // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
+        if DEQUANTIZE:  # slice j = 4h + q belongs to scale fold j // FOLD_SUBS
+            even = _dequantized(even, operand_params[q // FOLD_SUBS], q, HIGH, MAGIC_VALUE, XT_DTYPE, USE_ASM)
+            odd = _dequantized(odd, operand_params[(4 + q) // FOLD_SUBS], q, HIGH, MAGIC_VALUE, XT_DTYPE, USE_ASM)
         low_slices = low_slices + (pairs_to_slice(even, XT_DTYPE, BLOCK_N).to(DOT_DTYPE),)
         high_slices = high_slices + (pairs_to_slice(odd, XT_DTYPE, BLOCK_N).to(DOT_DTYPE),)
     return low_slices + high_slices
@@ -216,22 +230,13 @@ def operand_part(words, params, FIRST: tl.constexpr, COUNT: tl.constexpr, DEQUAN
     [BLOCK_N, 16 * COUNT] of C + q, or with DEQUANTIZE of (q - z) * s (`unpack_slices` makes all eight
     slices at once). Slice j = 4h + q is nibble pair q of the word columns 2p + h."""
     halves = tl.split(tl.reshape(words, (BLOCK_N, 8, 2)))  # (even word columns: slices 0..3, odd: 4..7)
-    # symmetric fp16: nibble pairs 1 and 3 without a shift (`magic_high_pairs`)
     HIGH: tl.constexpr = DEQUANTIZE and USE_ASM and MAGIC_PAIR == HIGH_NIBBLE_MAGIC and len(params[0]) == 1
-    if HIGH:
-        halves_hi = (halves[0] >> 8, halves[1] >> 8)
+    halves_hi = (halves[0] >> 8, halves[1] >> 8) if HIGH else halves
     slices = ()
     for j in tl.static_range(FIRST, FIRST + COUNT):
-        if HIGH and j % 2 == 1:
-            pairs = dequantize_symmetric_high_pairs(magic_high_pairs(halves[j // 4] if j % 4 == 1 else halves_hi[j // 4]),
-                                                    params[j // FOLD_SUBS])
-        elif HIGH and j % 4 == 2:
-            pairs = dequantize_pairs(magic_pairs(halves_hi[j // 4], 0, MAGIC_PAIR, USE_ASM), params[j // FOLD_SUBS],
-                                     MAGIC_VALUE, XT_DTYPE, USE_ASM)
-        else:
-            pairs = magic_pairs(halves[j // 4], j % 4, MAGIC_PAIR, USE_ASM)
-            if DEQUANTIZE:
-                pairs = dequantize_pairs(pairs, params[j // FOLD_SUBS], MAGIC_VALUE, XT_DTYPE, USE_ASM)
+        pairs = _nibble_pairs(halves[j // 4], halves_hi[j // 4], j % 4, HIGH, MAGIC_PAIR, USE_ASM)
+        if DEQUANTIZE:
+            pairs = _dequantized(pairs, params[j // FOLD_SUBS], j % 4, HIGH, MAGIC_VALUE, XT_DTYPE, USE_ASM)
         slices = slices + (pairs_to_slice(pairs, XT_DTYPE, BLOCK_N).to(DOT_DTYPE),)
     return concat_slices(slices, 0, COUNT)
 
