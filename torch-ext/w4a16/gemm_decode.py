@@ -47,7 +47,6 @@ from dataclasses import dataclass
 
 import torch
 
-from .dequant import MAGIC_PAIR, MAGIC_VALUE
 from .launch import TRITON_TYPE_NAMES, PreparedLaunch, RepeatLaunch, compile_gluon_for_sm90, current_stream
 from .layout import K_BLOCK, blocks_per_group, groups_per_block
 
@@ -56,8 +55,7 @@ try:  # Gluon is experimental: absent before Triton 3.5, and its names move betw
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-    _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # renamed after Triton 3.6
-    HAVE_GLUON = True
+    from .gluon_common import HAVE_GLUON, MAGIC_PAIRS, MAGIC_VALUES, cta_barrier, scale_group
 except ImportError:  # pragma: no cover - exercised only with an old Triton
     HAVE_GLUON = False
 
@@ -75,9 +73,6 @@ def available(device: torch.device) -> bool:
 
 
 if HAVE_GLUON:
-    # dequant.py's magic number as values a Gluon kernel can read: C in both 16-bit halves, and C, for fp16 / bf16
-    _MAGIC_PAIRS = gl.constexpr((MAGIC_PAIR[torch.float16], MAGIC_PAIR[torch.bfloat16]))
-    _MAGIC_VALUES = gl.constexpr((MAGIC_VALUE[torch.float16], MAGIC_VALUE[torch.bfloat16]))
 
     @gluon.constexpr_function
     def _words_layout(WARPS, ROWS):
@@ -204,18 +199,6 @@ if HAVE_GLUON:
         return operands
 
     @gluon.jit
-    def scale_group(kb, j, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr):
-        """The scale group of group piece j of K block kb (GROUPS, BLOCKS_PER_GROUP: `layout.groups_per_block`,
-        `layout.blocks_per_group`); the pingpong kernel's too."""
-        if GROUPS > 1:
-            g = kb * GROUPS + j
-        elif BLOCKS_PER_GROUP == 0:  # per-channel: one group spans K
-            g = kb * 0
-        else:  # a constexpr divisor: a shift or a multiply-high, not the runtime division of a group-size argument
-            g = kb // BLOCKS_PER_GROUP
-        return g
-
-    @gluon.jit
     def _neg_zero_pair(z, MAGIC: gl.constexpr):
         """Integer zeros z -> uint32 -(C + z) in both 16-bit halves (the fma addend of `_unpack_half`)."""
         z = z.to(gl.uint32)
@@ -318,8 +301,8 @@ if HAVE_GLUON:
         # fractional (float) zeros fold it through them
         ZERO_IN_OPERAND: gl.constexpr = (SYMMETRIC or z_ptr.dtype.element_ty == gl.uint8) and not ZEROS_BY_X_SUM
         dtype: gl.constexpr = x_ptr.dtype.element_ty
-        MAGIC: gl.constexpr = _MAGIC_PAIRS[0] if dtype == gl.float16 else _MAGIC_PAIRS[1]
-        C: gl.constexpr = _MAGIC_VALUES[0] if dtype == gl.float16 else _MAGIC_VALUES[1]
+        MAGIC: gl.constexpr = MAGIC_PAIRS[0] if dtype == gl.float16 else MAGIC_PAIRS[1]
+        C: gl.constexpr = MAGIC_VALUES[0] if dtype == gl.float16 else MAGIC_VALUES[1]
         PIECES: gl.constexpr = GROUPS // 2 if GROUPS > 1 else 1  # fold pieces per half block (GROUPS > 1: one per group)
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1, 1], instr_shape=[1, 16, 8])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -448,7 +431,7 @@ if HAVE_GLUON:
         shares = gl.allocate_shared_memory(gl.float32, [WARPS * ROWS, BLOCK_M],
                                            gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
         shares.store(gl.reshape(acc, [WARPS * ROWS, BLOCK_M]))
-        _cta_barrier()
+        cta_barrier()
         out: gl.constexpr = gl.BlockedLayout([1, 1], [ROWS, 32 // ROWS], [1, WARPS], [0, 1])
         total = shares.slice(0, ROWS).load(out)
         for w in gl.static_range(1, WARPS):

@@ -51,7 +51,6 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .dequant import MAGIC_PAIR, MAGIC_VALUE
 from .launch import (COMPILE_OPTIONS, TRITON_TYPE_NAMES, PreparedLaunch, RepeatLaunch, compile_gluon_for_sm90, current_stream,
                      split_k_scratch, workspace_entry)
 from .layout import K_BLOCK, blocks_per_group, groups_per_block
@@ -62,21 +61,16 @@ try:  # Gluon is experimental: absent before Triton 3.5, and its names move betw
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .gemm_decode import scale_group
+    from .gluon_common import HAVE_GLUON, MAGIC_PAIRS, MAGIC_VALUES, cta_barrier, scale_group
 
     # renamed after Triton 3.6 (the old names remain there as stubs that raise)
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-    HAVE_GLUON = True
 except ImportError:  # pragma: no cover - exercised only with an old Triton
     HAVE_GLUON = False
 
 __all__ = ["HAVE_GLUON", "available", "launch_pingpong", "launch_pingpong_kept", "spread_split", "compile_for_sm90"]
 
 _CONSUMER_REGS = triton.language.constexpr(232)  # registers per consumer thread (setmaxnreg); the loader warp keeps 24
-# the magic-number unpack's constants (dequant.py) as values a Gluon kernel can read: fp16 / bf16
-_MAGIC_PAIRS = triton.language.constexpr((MAGIC_PAIR[torch.float16], MAGIC_PAIR[torch.bfloat16]))
-_MAGIC_VALUES = triton.language.constexpr((MAGIC_VALUE[torch.float16], MAGIC_VALUE[torch.bfloat16]))
 
 
 @functools.lru_cache(maxsize=None)
@@ -222,8 +216,8 @@ if HAVE_GLUON:
         each) against x's stage, wait, release the stage (UNPACK_AHEAD: the next block unpacked before that wait).
         ring_start: the x ring position of block_start."""
         dtype: gl.constexpr = x_smem.dtype
-        MAGIC: gl.constexpr = _MAGIC_PAIRS[0] if dtype == gl.float16 else _MAGIC_PAIRS[1]
-        MAGIC_VALUE: gl.constexpr = _MAGIC_VALUES[0] if dtype == gl.float16 else _MAGIC_VALUES[1]
+        MAGIC: gl.constexpr = MAGIC_PAIRS[0] if dtype == gl.float16 else MAGIC_PAIRS[1]
+        MAGIC_VALUE: gl.constexpr = MAGIC_VALUES[0] if dtype == gl.float16 else MAGIC_VALUES[1]
         PAIR: gl.constexpr = "f16x2" if dtype == gl.float16 else "bf16x2"
         # blocks block_start and block_start + 1 in flight before the loop; each step fetches the one two ahead
         # (clamped to the segment's last block: the tail re-reads it instead of reading past the range)
@@ -376,7 +370,7 @@ if HAVE_GLUON:
             slot = (unit != start).to(gl.int32)
             gl.store(part_ptr + _partial_offset(gl.program_id(0), slot, CONSUMER, CONSUMERS, BLOCK_M) + acc_rows[:, None] * BLOCK_M
                      + acc_cols[None, :], acc)
-            _cta_barrier()  # every thread's partial is written before the counter says so
+            cta_barrier()  # every thread's partial is written before the counter says so
             counter = lock_ptr + tile * CONSUMERS + CONSUMER
             first = (((tile * num_kb + 1).to(gl.int64) * programs - 1) // total).to(gl.int32)  # owns the tile's first unit
             last = ((((tile + 1) * num_kb).to(gl.int64) * programs - 1) // total).to(gl.int32)  # ... and its last unit
