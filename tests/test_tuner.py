@@ -200,10 +200,7 @@ def test_sass_report_records_the_launch(w4a16, m, variant):
     """benchmarks/sass_report.py compiles what a GPU call would launch: its recording of a call names
     every parameter of the kernel once, for the tuned plan's own prepared launch (none for the dense path and the
     Gluon kernels, which have compile_for_sm90 of their own)."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("w4a16_sass_report", REPO / "benchmarks" / "sass_report.py")
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    report = _benchmark_module("sass_report")
     calls = report.captured_launches(w4a16, m, 4096, 4096, variant)
     assert len(calls) == 1
     plan, prepared, tensors, ints = calls[0]
@@ -223,10 +220,7 @@ def test_sass_report_compiles_decode_plans_with_their_gpu_options(w4a16, pristin
     drops GATHER_PDL (it needs a GPU), but the act-order kernel the H200 launches waits for its gather."""
     if not w4a16.gemm_decode.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("w4a16_sass_report", REPO / "benchmarks" / "sass_report.py")
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    report = _benchmark_module("sass_report")
     plan, config = report.tuned_call(w4a16, 1, 4096, 4096, "act_order")
     assert plan.path == "decode" and config.get("GATHER_PDL") and not plan.config.get("GATHER_PDL")
     compiled, warps = report.compile_decode_for_sm90(w4a16, 1, 4096, 4096, "act_order", config)
