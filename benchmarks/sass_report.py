@@ -62,7 +62,9 @@ def compile_decode_for_sm90(kernel, m: int, n: int, k: int, variant: str, config
         dtype, 8 if m <= 8 else 16, config.get("num_warps", 4), config.get("ROWS", 16), config.get("AHEAD", 1), symmetric,
         group_size=timing.effective_group_size(group_size, k), maxnreg=config.get("maxnreg"), in_features=k,
         out_features=n, zeros_by_x_sum=bool(config.get("ZEROS_BY_X_SUM")), wait_prior=bool(config.get("GATHER_PDL")),
-        adjacent_rows=bool(config.get("ADJACENT_ROWS")), x_at_use=bool(config.get("X_AT_USE")))  # (BLOCK_M: _decode_launch's)
+        adjacent_rows=bool(config.get("ADJACENT_ROWS")), x_at_use=bool(config.get("X_AT_USE")),
+        # (BLOCK_M: _decode_launch's; EVICT_FIRST passed only when set, so that older trees under W4A16_SOURCE compile)
+        **({"evict_first": True} if config.get("EVICT_FIRST") else {}))
     return compiled, config.get("num_warps", 4)
 
 

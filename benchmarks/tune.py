@@ -149,7 +149,8 @@ def around_plan(kernel, plan, m: int, act_order: bool = False, n: int = 0, k: in
     32-bit words), and for uncapped 4-warp scale-in-operand plans a register cap (with BLOCK_M >= 32 also
     four dot parts and three stages) that fits one more CTA per SM, with and without a grown grid
     (`more_ctas_per_sm`); for pingpong plans UNPACK_AHEAD flipped (`unpack_ahead_forms`); for decode plans
-    ZEROS_BY_X_SUM, ADJACENT_ROWS and X_AT_USE flipped and for act-order GATHER_PDL flipped. Decides the options in a few
+    ZEROS_BY_X_SUM, ADJACENT_ROWS, X_AT_USE and EVICT_FIRST flipped and for act-order GATHER_PDL flipped. Decides the
+    options in a few
     timings where a full search would take minutes per shape."""
     config = dict(plan.config)
     yield plan.path, config
@@ -160,6 +161,7 @@ def around_plan(kernel, plan, m: int, act_order: bool = False, n: int = 0, k: in
         yield plan.path, _with_option(config, "ZEROS_BY_X_SUM", not config.get("ZEROS_BY_X_SUM", False), default=False)
         yield plan.path, _with_option(config, "ADJACENT_ROWS", not config.get("ADJACENT_ROWS", False), default=False)
         yield plan.path, _with_option(config, "X_AT_USE", not config.get("X_AT_USE", False), default=False)
+        yield plan.path, _with_option(config, "EVICT_FIRST", not config.get("EVICT_FIRST", False), default=False)
         if act_order:
             yield plan.path, _with_option(config, "GATHER_PDL", not config.get("GATHER_PDL", False), default=False)
         return
@@ -327,7 +329,7 @@ def main() -> None:
     narrowed.add_argument("--around-plan", action="store_true",
                     help="time only the current plan and the same with one option changed (DOT_PARTS; ONE_TOKEN at M = 1; "
                          "GATHER_PDL for act-order; STREAM_PARAMS and one more CTA per SM for scale-in-operand plans; "
-                         "UNPACK_AHEAD for pingpong plans; ZEROS_BY_X_SUM, ADJACENT_ROWS and X_AT_USE for decode plans)")
+                         "UNPACK_AHEAD for pingpong plans; ZEROS_BY_X_SUM, ADJACENT_ROWS, X_AT_USE and EVICT_FIRST for decode plans)")
     narrowed.add_argument("--try", dest="tries", default="",
                           help="time only the current plan and the same with each ';'-separated KEY=INT,... set of entries "
                                "replaced (0 / 1 for options), whatever the plan's path, e.g. 'num_warps=8;num_warps=8,num_stages=3'")

@@ -28,20 +28,24 @@ def _on_nvidia() -> bool:
     (torch.bfloat16, False, torch.bfloat16, 16),   # eight groups per block
     (torch.float16, False, torch.uint8, 4096),     # a group spanning blocks (per-channel)
 ])
-@pytest.mark.parametrize("block_m,rows,ahead,warps,by_x_sum,wait_prior,adjacent,x_at_use", [
-    (8, 16, 1, 4, False, False, False, False),
-    (16, 32, 2, 8, True, True, True, False),
-    (8, 16, 3, 8, False, True, False, True),
+@pytest.mark.parametrize("block_m,rows,ahead,warps,by_x_sum,wait_prior,adjacent,x_at_use,evict_first", [
+    (8, 16, 1, 4, False, False, False, False, False),
+    (16, 32, 2, 8, True, True, True, False, True),
+    (8, 16, 3, 8, False, True, False, True, False),
 ])
 def test_decode_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmetric, zeros_dtype, group_size, block_m, rows,
-                                  ahead, warps, by_x_sum, wait_prior, adjacent, x_at_use):
+                                  ahead, warps, by_x_sum, wait_prior, adjacent, x_at_use, evict_first):
     decode = w4a16.gemm_decode
     if not decode.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     compiled = decode.compile_for_sm90(dtype, block_m, warps, rows, ahead, symmetric, zeros_dtype, group_size=group_size,
                                        maxnreg=128, zeros_by_x_sum=by_x_sum, wait_prior=wait_prior, adjacent_rows=adjacent,
-                                       x_at_use=x_at_use)
+                                       x_at_use=x_at_use, evict_first=evict_first)
     ptx = compiled.asm["ptx"]
+    # EVICT_FIRST: the words' 16-byte loads (and only they) under an L2 evict-first policy
+    words = re.findall(r"ld\.global[^;\n]*\.v4\.b32", ptx)
+    assert words and all(("evict_first" in load) == evict_first for load in words)
+    assert ("evict_first" in ptx) == evict_first
     assert ("griddepcontrol.wait" in ptx) == wait_prior  # GATHER_PDL: x read only after act-order's gather
     if not adjacent:  # (with ADJACENT_ROWS a thread's 16-bit scales of a group are an 8-byte load too)
         # x's 8-byte loads (BLOCK_M a step): in the prologue's AHEAD steps and the loop's AHEAD + 1, or with X_AT_USE
@@ -142,6 +146,7 @@ def test_shipped_gluon_entries_carry_a_runnable_fallback(w4a16):
     {"num_warps": 4, "ROWS": 32, "AHEAD": 1, "ZEROS_BY_X_SUM": True},
     {"num_warps": 4, "ROWS": 16, "AHEAD": 1, "ZEROS_BY_X_SUM": True, "ADJACENT_ROWS": True},
     {"num_warps": 8, "ROWS": 16, "AHEAD": 3, "X_AT_USE": True, "maxnreg": 128},
+    {"num_warps": 4, "ROWS": 32, "AHEAD": 1, "ADJACENT_ROWS": True, "EVICT_FIRST": True, "maxnreg": 128},
 ])
 def test_decode_matches_reference(w4a16, dtype, k, n, group_size, symmetric, fractional, config):
     weight, ref = random_layer(w4a16, k, n, group_size, symmetric, dtype, "cuda", seed=21, fractional_zeros=fractional)

@@ -93,12 +93,13 @@ def test_around_plan_toggles_only_the_options(w4a16, m, act_order):
             changed = [key for key, value in defaults.items() if c.get(key, value) != plan.config.get(key, value)]
             assert len(changed) == 1, (c, plan.config)
             dispatch.plan_gemm(m, 4096, 4096, 128, torch.float16, cpu, path=p, config=c)  # accepted
-    if m <= 16:  # decode plans: ZEROS_BY_X_SUM, ADJACENT_ROWS and X_AT_USE flipped, and for act-order GATHER_PDL
+    if m <= 16:  # decode plans: ZEROS_BY_X_SUM, ADJACENT_ROWS, X_AT_USE and EVICT_FIRST flipped, and for act-order GATHER_PDL
         plan = dispatch.plan_gemm(m, 4096, 4096, 128, torch.float16, cpu, path="decode",
                                   config={"num_warps": 8, "ROWS": 16, "AHEAD": 1, "maxnreg": 128})
         pairs = list(tune.around_plan(w4a16, plan, m, act_order))
         assert pairs == [("decode", plan.config), ("decode", {**plan.config, "ZEROS_BY_X_SUM": True}),
-                         ("decode", {**plan.config, "ADJACENT_ROWS": True}), ("decode", {**plan.config, "X_AT_USE": True})] + (
+                         ("decode", {**plan.config, "ADJACENT_ROWS": True}), ("decode", {**plan.config, "X_AT_USE": True}),
+                         ("decode", {**plan.config, "EVICT_FIRST": True})] + (
             [("decode", {**plan.config, "GATHER_PDL": True})] if act_order else [])
 
 

@@ -12,7 +12,8 @@ output tile, and nothing is shared inside the loop:
               and zeros of a group come in one vector load each (its word loads then touch 8 lines, not 4)
     warp w    the K blocks w, w + WARPS, w + 2 WARPS, ... of those rows: its words, x's block, the scales and
               zeros go from global memory straight into registers, issued AHEAD blocks before their use (an
-              unrolled register ring; x's at its use with the plan option X_AT_USE); unpacked into mma.sync A
+              unrolled register ring; x's at its use with the plan option X_AT_USE; the words under an L2
+              evict-first policy with EVICT_FIRST); unpacked into mma.sync A
               fragments (one shr + lop3 per word and nibble pair, the layout making the rest register relabelling)
               of q - z (integer or symmetric zeros: one more fma per word, exact), acc += s * ((q - z) . x) per
               scale group; or of C + q, acc += s * ((C + q) . x) - s (z + C) sum(x), the x sums from MMAs on an
@@ -205,9 +206,11 @@ if HAVE_GLUON:
         return (z | (z << 16)) + MAGIC | 0x80008000
 
     @gluon.jit
-    def _load_words(qw_base, step, kb_w, num_kb, WARPS: gl.constexpr):
-        """The words of block kb = step * WARPS + w of each warp w (a block past K reads the last block again)."""
-        return gl.load(qw_base + gl.minimum(step * WARPS + kb_w, num_kb - 1) * 1024)
+    def _load_words(qw_base, step, kb_w, num_kb, WARPS: gl.constexpr, EVICT_FIRST: gl.constexpr):
+        """The words of block kb = step * WARPS + w of each warp w (a block past K reads the last block again); with
+        EVICT_FIRST under an L2 evict-first policy (streamed once)."""
+        POLICY: gl.constexpr = "evict_first" if EVICT_FIRST else ""
+        return gl.load(qw_base + gl.minimum(step * WARPS + kb_w, num_kb - 1) * 1024, eviction_policy=POLICY)
 
     @gluon.jit
     def _load_x(x_base, step, kb_x, num_kb, WARPS: gl.constexpr):
@@ -252,12 +255,13 @@ if HAVE_GLUON:
     @gluon.jit
     def _load_step(qw_base, x_base, s_base, z_base, step, kb_w, kb_x, num_kb_x, kb_p, num_kb, N, p_layout: gl.constexpr,
                    z_layout: gl.constexpr, WARPS: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr,
-                   BLOCKS_PER_GROUP: gl.constexpr, ZERO_IN_OPERAND: gl.constexpr, WITH_X: gl.constexpr):
+                   BLOCKS_PER_GROUP: gl.constexpr, ZERO_IN_OPERAND: gl.constexpr, WITH_X: gl.constexpr,
+                   EVICT_FIRST: gl.constexpr):
         """Block kb = step * WARPS + w of each warp w: (words, scales, zeros), and with WITH_X x's block after them,
         as `_load_words`, `_load_params` and `_load_x` say. No masks (a masked load costs a zeroing move per
         register): a block past K reads the last block again and is dropped by its scale (the kernel zeroes it); rows
         past N and tokens past M are clamped (never stored)."""
-        words = _load_words(qw_base, step, kb_w, num_kb, WARPS)
+        words = _load_words(qw_base, step, kb_w, num_kb, WARPS, EVICT_FIRST)
         loaded = ()
         if WITH_X:  # (issued between the words and the parameters, as before the option existed)
             loaded = (_load_x(x_base, step, kb_x, num_kb_x, WARPS),)
@@ -286,7 +290,7 @@ if HAVE_GLUON:
                        WARPS: gl.constexpr, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, AHEAD: gl.constexpr,
                        SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr,
                        ADJACENT_ROWS: gl.constexpr, PARAMS_VECTOR: gl.constexpr, ZEROS_BY_X_SUM: gl.constexpr,
-                       X_AT_USE: gl.constexpr, WAIT_PRIOR: gl.constexpr):
+                       X_AT_USE: gl.constexpr, WAIT_PRIOR: gl.constexpr, EVICT_FIRST: gl.constexpr):
         """y[M, N] = x[M, K] @ W: see the module docstring. GROUPS: scale groups per 128-row block
         (`layout.groups_per_block`: 1 when a group spans the block); BLOCKS_PER_GROUP: blocks per group then (0:
         per-channel); ADJACENT_ROWS: the row order of the module docstring, PARAMS_VECTOR: with N a multiple of
@@ -295,7 +299,8 @@ if HAVE_GLUON:
         uses it, not AHEAD steps before with the weights' (x comes from L1 / L2, a shorter wait than the words', and
         its registers, 16 a step at BLOCK_M 8, are not held across steps). WAIT_PRIOR: launched as a programmatic
         dependent of act-order's gather of x (plan option GATHER_PDL): x's loads wait for it (griddepcontrol.wait);
-        the words, scales and zeros of the first blocks need not."""
+        the words, scales and zeros of the first blocks need not. EVICT_FIRST: the words loaded under an L2
+        evict-first policy (read once; it won on most large shapes and lost on some small ones, NOTES v35)."""
         # integer zeros (uint8: 0..127, layout.py) and symmetric weights subtract the zero in the operand (one fma
         # per word, exact), which spares the x sums' MMAs (a third of them at BLOCK_M 8, for 13% more instructions);
         # fractional (float) zeros fold it through them
@@ -359,7 +364,7 @@ if HAVE_GLUON:
         for j in gl.static_range(AHEAD):
             ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, num_kb_x, kb_p, num_kb, N,
                                       p_layout, z_layout, WARPS, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND,
-                                      X_AHEAD and not WAIT_PRIOR),)
+                                      X_AHEAD and not WAIT_PRIOR, EVICT_FIRST),)
         if WAIT_PRIOR:  # every weight load of the first AHEAD steps went out before the wait for the gather of x
             num_kb_x = _after_prior_grid(num_kb)
             if X_AHEAD:  # then those steps' x blocks
@@ -374,7 +379,7 @@ if HAVE_GLUON:
             for j in gl.static_range(AHEAD + 1):
                 fresh = _load_step(qw_base, x_base, s_base, z_base, i0 + j + AHEAD, kb_w, kb_x, num_kb_x, kb_p, num_kb,
                                    N, p_layout, z_layout, WARPS, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND,
-                                   X_AHEAD)
+                                   X_AHEAD, EVICT_FIRST)
                 if j == 0:
                     current = ring[0]
                     extra = fresh
@@ -466,7 +471,7 @@ def adjacent_rows_apply(group_size: int, in_features: int) -> bool:
 def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int, group_size: int,
                    symmetric: bool) -> tuple[dict, dict]:
     """(constexprs, options) of `_decode_kernel` for a decode plan's configuration `cfg` (num_warps, ROWS, AHEAD,
-    maxnreg, ZEROS_BY_X_SUM, ADJACENT_ROWS, X_AT_USE, GATHER_PDL: WAIT_PRIOR and a programmatic launch, kept by the
+    maxnreg, ZEROS_BY_X_SUM, ADJACENT_ROWS, X_AT_USE, EVICT_FIRST, GATHER_PDL: WAIT_PRIOR and a programmatic launch, kept by the
     dispatcher only for act-order weights on sm_90+) and a call's BLOCK_M, weight shape (N decides PARAMS_VECTOR)
     and format, or a ValueError naming the entry the kernel cannot take."""
     warps, rows, ahead = cfg.get("num_warps", 4), cfg.get("ROWS", 16), cfg.get("AHEAD", 1)
@@ -484,7 +489,7 @@ def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int,
                       BLOCKS_PER_GROUP=group_blocks, ADJACENT_ROWS=adjacent,
                       PARAMS_VECTOR=adjacent and out_features % (rows // 8) == 0,
                       ZEROS_BY_X_SUM=bool(cfg.get("ZEROS_BY_X_SUM", False)), X_AT_USE=bool(cfg.get("X_AT_USE", False)),
-                      WAIT_PRIOR=wait_prior)
+                      WAIT_PRIOR=wait_prior, EVICT_FIRST=bool(cfg.get("EVICT_FIRST", False)))
     maxnreg = cfg.get("maxnreg")
     options = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {}), **({"launch_pdl": True} if wait_prior else {})}
     return constexprs, options
@@ -552,11 +557,12 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 8, warps
                      symmetric: bool = False, zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None,
                      group_size: int = 128, maxnreg: int | None = None, in_features: int = 4096, out_features: int = 4096,
                      zeros_by_x_sum: bool = False, wait_prior: bool = False, adjacent_rows: bool = False,
-                     x_at_use: bool = False):
+                     x_at_use: bool = False, evict_first: bool = False):
     """Compile `_decode_kernel` for sm_90 without a GPU, with the constexprs and options a launch of that plan
     configuration would take (`_launch_config`). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
     cfg = {"num_warps": warps, "ROWS": rows, "AHEAD": ahead, "ZEROS_BY_X_SUM": zeros_by_x_sum, "GATHER_PDL": wait_prior,
-           "ADJACENT_ROWS": adjacent_rows, "X_AT_USE": x_at_use, **({"maxnreg": maxnreg} if maxnreg else {})}
+           "ADJACENT_ROWS": adjacent_rows, "X_AT_USE": x_at_use, "EVICT_FIRST": evict_first,
+           **({"maxnreg": maxnreg} if maxnreg else {})}
     constexprs, options = _launch_config(cfg, block_m, in_features, out_features, group_size, symmetric)
     s_type = TRITON_TYPE_NAMES[scales_dtype or dtype]
     signature = {"x_ptr": f"*{TRITON_TYPE_NAMES[dtype]}", "qw_ptr": "*i32", "s_ptr": f"*{s_type}",
