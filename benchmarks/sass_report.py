@@ -58,24 +58,18 @@ def compile_decode_for_sm90(kernel, m: int, n: int, k: int, variant: str, config
     """The Gluon decode kernel a call of a decode plan launches, compiled for sm_90 (`gemm_decode.compile_for_sm90`,
     which takes the plan's options through the launcher's own `_launch_config`), and its warp count."""
     dtype, group_size, symmetric, _ = timing.VARIANTS[variant]
-    compiled = kernel.gemm_decode.compile_for_sm90(
-        dtype, 8 if m <= 8 else 16, config.get("num_warps", 4), config.get("ROWS", 16), config.get("AHEAD", 1), symmetric,
-        group_size=timing.effective_group_size(group_size, k), maxnreg=config.get("maxnreg"), in_features=k,
-        out_features=n, zeros_by_x_sum=bool(config.get("ZEROS_BY_X_SUM")), wait_prior=bool(config.get("GATHER_PDL")),
-        adjacent_rows=bool(config.get("ADJACENT_ROWS")), x_at_use=bool(config.get("X_AT_USE")),
-        # (BLOCK_M: _decode_launch's; EVICT_FIRST passed only when set, so that older trees under W4A16_SOURCE compile)
-        **({"evict_first": True} if config.get("EVICT_FIRST") else {}))
+    decode = kernel.gemm_decode
+    compiled = decode.compile_for_sm90(config, dtype, decode.decode_block_m(m), symmetric,
+                                       group_size=timing.effective_group_size(group_size, k), in_features=k, out_features=n)
     return compiled, config.get("num_warps", 4)
 
 
-def captured_launches(kernel, m: int, n: int, k: int, variant: str, overrides: dict | None = None) -> list:
-    """(plan, PreparedLaunch, tensors, ints) of the kernels of gemm.py one call of the H200's plan would launch
-    (`tuned_call`); (plan, None, None, None) for the dense path and the Gluon kernels."""
+def captured_launches(kernel, plan, m: int, n: int, k: int, variant: str) -> list:
+    """(plan, PreparedLaunch, tensors, ints) of the kernels of gemm.py one call of `plan` (`tuned_call`'s) would
+    launch; (plan, None, None, None) for the dense path and the Gluon kernels."""
     dtype, group_size, symmetric, _ = timing.VARIANTS[variant]
     g = timing.effective_group_size(group_size, k)
-    dispatch = kernel.dispatch
-    plan, _ = tuned_call(kernel, m, n, k, variant, overrides)
-    if plan.path in ("dense", "reference") or plan.path in dispatch.GLUON_PATHS:
+    if plan.path in ("dense", "reference") or plan.path in kernel.dispatch.GLUON_PATHS:
         # no Triton kernel of gemm.py: cuBLAS / torch, or a Gluon kernel (its module's compile_for_sm90 compiles it)
         return [(plan, None, None, None)]
     qweight = torch.empty(kernel.layout.native_qweight_shape(n, k), dtype=torch.int32)
@@ -195,13 +189,13 @@ def main() -> None:
     print(f"{'shape':12s} {'M':>5s}  " + " ".join(f"{title:>{width}s}" for _, title, width in COLUMNS) + "  plan")
     for shape in timing.select_shapes(args.shapes):
         for m in (int(v) for v in args.m.split(",")):
-            for plan, prepared, tensors, ints in captured_launches(kernel, m, shape["N"], shape["K"], args.variant, overrides):
+            plan, config = tuned_call(kernel, m, shape["N"], shape["K"], args.variant, overrides)
+            for plan, prepared, tensors, ints in captured_launches(kernel, plan, m, shape["N"], shape["K"], args.variant):
                 s = {}  # dense / reference / pingpong plans: every column "-"
                 compiled = warps = None
                 if prepared is not None:
                     compiled, warps = compile_for_sm90(prepared, tensors, ints), prepared.options.get("num_warps", 4)
                 elif plan.path == "decode":
-                    _, config = tuned_call(kernel, m, shape["N"], shape["K"], args.variant, overrides)
                     compiled, warps = compile_decode_for_sm90(kernel, m, shape["N"], shape["K"], args.variant, config)
                 if compiled is not None:
                     s = hot_loop_summary(compiled.asm["cubin"])

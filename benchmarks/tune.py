@@ -150,8 +150,7 @@ def around_plan(kernel, plan, m: int, act_order: bool = False, n: int = 0, k: in
     four dot parts and three stages) that fits one more CTA per SM, with and without a grown grid
     (`more_ctas_per_sm`); for pingpong plans UNPACK_AHEAD flipped (`unpack_ahead_forms`); for decode plans
     ZEROS_BY_X_SUM, ADJACENT_ROWS, X_AT_USE and EVICT_FIRST flipped and for act-order GATHER_PDL flipped. Decides the
-    options in a few
-    timings where a full search would take minutes per shape."""
+    options in a few timings where a full search would take minutes per shape."""
     config = dict(plan.config)
     yield plan.path, config
     if plan.path == "pingpong":

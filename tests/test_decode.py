@@ -38,9 +38,9 @@ def test_decode_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmet
     decode = w4a16.gemm_decode
     if not decode.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
-    compiled = decode.compile_for_sm90(dtype, block_m, warps, rows, ahead, symmetric, zeros_dtype, group_size=group_size,
-                                       maxnreg=128, zeros_by_x_sum=by_x_sum, wait_prior=wait_prior, adjacent_rows=adjacent,
-                                       x_at_use=x_at_use, evict_first=evict_first)
+    config = {"num_warps": warps, "ROWS": rows, "AHEAD": ahead, "maxnreg": 128, "ZEROS_BY_X_SUM": by_x_sum,
+              "GATHER_PDL": wait_prior, "ADJACENT_ROWS": adjacent, "X_AT_USE": x_at_use, "EVICT_FIRST": evict_first}
+    compiled = decode.compile_for_sm90(config, dtype, block_m, symmetric, zeros_dtype, group_size=group_size)
     ptx = compiled.asm["ptx"]
     # EVICT_FIRST: the words' 16-byte loads (and only they) under an L2 evict-first policy
     words = re.findall(r"ld\.global[^;\n]*\.v4\.b32", ptx)

@@ -202,7 +202,8 @@ def test_sass_report_records_the_launch(w4a16, m, variant):
     every parameter of the kernel once, for the tuned plan's own prepared launch (none for the dense path and the
     Gluon kernels, which have compile_for_sm90 of their own)."""
     report = _benchmark_module("sass_report")
-    calls = report.captured_launches(w4a16, m, 4096, 4096, variant)
+    plan, _ = report.tuned_call(w4a16, m, 4096, 4096, variant)
+    calls = report.captured_launches(w4a16, plan, m, 4096, 4096, variant)
     assert len(calls) == 1
     plan, prepared, tensors, ints = calls[0]
     if plan.path == "dense" or plan.path in w4a16.dispatch.GLUON_PATHS:

@@ -60,8 +60,8 @@ try:  # Gluon is experimental: absent before Triton 3.5, and its names move betw
 except ImportError:  # pragma: no cover - exercised only with an old Triton
     HAVE_GLUON = False
 
-__all__ = ["HAVE_GLUON", "available", "adjacent_rows_apply", "launch_decode", "launch_decode_kept", "compile_for_sm90",
-           "DECODE_ROWS"]
+__all__ = ["HAVE_GLUON", "available", "adjacent_rows_apply", "decode_block_m", "launch_decode", "launch_decode_kept",
+           "compile_for_sm90", "DECODE_ROWS"]
 
 DECODE_ROWS = (16, 32)  # weight rows per program the kernel takes (ROWS)
 
@@ -471,9 +471,9 @@ def adjacent_rows_apply(group_size: int, in_features: int) -> bool:
 def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int, group_size: int,
                    symmetric: bool) -> tuple[dict, dict]:
     """(constexprs, options) of `_decode_kernel` for a decode plan's configuration `cfg` (num_warps, ROWS, AHEAD,
-    maxnreg, ZEROS_BY_X_SUM, ADJACENT_ROWS, X_AT_USE, EVICT_FIRST, GATHER_PDL: WAIT_PRIOR and a programmatic launch, kept by the
-    dispatcher only for act-order weights on sm_90+) and a call's BLOCK_M, weight shape (N decides PARAMS_VECTOR)
-    and format, or a ValueError naming the entry the kernel cannot take."""
+    maxnreg, ZEROS_BY_X_SUM, ADJACENT_ROWS, X_AT_USE, EVICT_FIRST, GATHER_PDL: WAIT_PRIOR and a programmatic launch,
+    kept by the dispatcher only for act-order weights on sm_90+) and a call's BLOCK_M, weight shape (N decides
+    PARAMS_VECTOR) and format, or a ValueError naming the entry the kernel cannot take."""
     warps, rows, ahead = cfg.get("num_warps", 4), cfg.get("ROWS", 16), cfg.get("AHEAD", 1)
     if rows not in DECODE_ROWS:
         raise ValueError(f"config ROWS must be one of {DECODE_ROWS} for path 'decode', got {rows!r}")
@@ -495,10 +495,15 @@ def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int,
     return constexprs, options
 
 
+def decode_block_m(m: int) -> int:
+    """The kernel's BLOCK_M for a call of M <= 16 tokens: one n8 MMA tile up to M = 8, two above."""
+    return 8 if m <= 8 else 16
+
+
 def _decode_launch(plan, m: int, in_features: int, out_features: int, group_size: int, symmetric: bool) -> _DecodeLaunch:
-    """The plan's launch for this token count's BLOCK_M and this format, made on first use (its configuration checked
-    then: a ValueError naming the entry, on any device) and kept in `plan.launches`."""
-    block_m = 8 if m <= 8 else 16
+    """The plan's launch for this token count's BLOCK_M (`decode_block_m`) and this format, made on first use (its
+    configuration checked then: a ValueError naming the entry, on any device) and kept in `plan.launches`."""
+    block_m = decode_block_m(m)
     key = ("decode", block_m, in_features, out_features, group_size, symmetric)
     run = plan.launches.get(key)
     if run is None:
@@ -553,17 +558,14 @@ def _launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int
     return y, RepeatLaunch(bound, (m, n), y.dtype, y.device, None, None)
 
 
-def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 8, warps: int = 4, rows: int = 16, ahead: int = 1,
-                     symmetric: bool = False, zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None,
-                     group_size: int = 128, maxnreg: int | None = None, in_features: int = 4096, out_features: int = 4096,
-                     zeros_by_x_sum: bool = False, wait_prior: bool = False, adjacent_rows: bool = False,
-                     x_at_use: bool = False, evict_first: bool = False):
-    """Compile `_decode_kernel` for sm_90 without a GPU, with the constexprs and options a launch of that plan
-    configuration would take (`_launch_config`). Returns Triton's compiled kernel (asm: ttgir, ptx, cubin)."""
-    cfg = {"num_warps": warps, "ROWS": rows, "AHEAD": ahead, "ZEROS_BY_X_SUM": zeros_by_x_sum, "GATHER_PDL": wait_prior,
-           "ADJACENT_ROWS": adjacent_rows, "X_AT_USE": x_at_use, "EVICT_FIRST": evict_first,
-           **({"maxnreg": maxnreg} if maxnreg else {})}
-    constexprs, options = _launch_config(cfg, block_m, in_features, out_features, group_size, symmetric)
+def compile_for_sm90(config: dict, dtype: torch.dtype = torch.float16, block_m: int = 8, symmetric: bool = False,
+                     zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None, group_size: int = 128,
+                     in_features: int = 4096, out_features: int = 4096):
+    """Compile `_decode_kernel` for sm_90 without a GPU, with the constexprs and options a launch of the decode plan
+    configuration `config` (a tuned entry's keys: num_warps, ROWS, AHEAD, maxnreg and the options `_launch_config`
+    reads, GATHER_PDL included) would take at this BLOCK_M (`decode_block_m`). Returns Triton's compiled kernel (asm:
+    ttgir, ptx, cubin)."""
+    constexprs, options = _launch_config(config, block_m, in_features, out_features, group_size, symmetric)
     s_type = TRITON_TYPE_NAMES[scales_dtype or dtype]
     signature = {"x_ptr": f"*{TRITON_TYPE_NAMES[dtype]}", "qw_ptr": "*i32", "s_ptr": f"*{s_type}",
                  "z_ptr": f"*{s_type if symmetric else TRITON_TYPE_NAMES[zeros_dtype]}", "y_ptr": f"*{TRITON_TYPE_NAMES[dtype]}",
