@@ -9,8 +9,6 @@ the float64 reference, including the cases the kept launch must notice (in-place
 an unaligned x, another stream, a replaced workspace, a capture).
 """
 
-from collections import OrderedDict
-
 import pytest
 import torch
 
@@ -149,7 +147,7 @@ def test_kept_launches_drop_the_least_recently_used(w4a16):
     recently used one (a key repeated since it was kept counts as recent), never refusing the new key."""
     matmul = w4a16.matmul
     cap = matmul._KEPT_LAUNCHES_PER_WEIGHT
-    kept = OrderedDict()  # (a W4A16Weight's repeat_launches)
+    kept: dict = {}
     for m in range(cap):
         assert matmul._recently_used(kept, m) is None
         matmul._make_room(kept)

@@ -35,7 +35,6 @@ Any BLOCK_N that is a multiple of 64 reads whole tiles.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -174,9 +173,11 @@ class W4A16Weight:
     in_features: int  # K
     out_features: int  # N
     group_size: int  # effective G (K for per-channel)
-    # Eager calls' kept launches per (M, dtype, stream, strict) (matmul.matmul_weight), least recently used first: a
-    # cache, not state, never passed in; every new weight (a copy, `dataclasses.replace`) starts with an empty one.
-    repeat_launches: OrderedDict = field(default_factory=OrderedDict, init=False, compare=False, repr=False)
+    # Eager calls' kept launches per (M, dtype, stream, strict) (matmul.matmul_weight): a cache, not state,
+    # never passed in; every new weight (a copy, `dataclasses.replace`) starts with an empty one. A plain dict, kept
+    # least recently used first by matmul: torch.compile(fullgraph=True) cannot build an OrderedDict, and the hub
+    # layer makes its weight inside the traced forward.
+    repeat_launches: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # Checked once here, so that calls on the weight check only the activations (the dataclass is

@@ -10,8 +10,6 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import torch
 
 from .dispatch import plan_gemm
@@ -80,19 +78,19 @@ def launcher_for(path: str, keep: bool = False):
 _KEPT_LAUNCHES_PER_WEIGHT = 16  # (M, dtype, stream, strict) keys per weight: decode batch sizes, a few streams
 
 
-def _recently_used(kept: OrderedDict, key):
-    """The launch kept for `key`, now the most recently used, or None."""
-    repeat = kept.get(key)
+def _recently_used(kept: dict, key):
+    """The launch kept for `key`, moved to the end of `kept` (the most recently used), or None."""
+    repeat = kept.pop(key, None)
     if repeat is not None:
-        kept.move_to_end(key)
+        kept[key] = repeat
     return repeat
 
 
-def _make_room(kept: OrderedDict) -> None:
+def _make_room(kept: dict) -> None:
     """Drop the least recently used keys of `kept` until one more fits: a weight called with more keys than the cap
     (many batch sizes, or each timing on a fresh stream) keeps launches for the recent ones, not only the first 16."""
     while len(kept) >= _KEPT_LAUNCHES_PER_WEIGHT:
-        kept.popitem(last=False)
+        del kept[next(iter(kept))]
 
 
 def matmul_weight(x: torch.Tensor, weight: W4A16Weight, path: str = "auto", strict: bool = False) -> torch.Tensor:
