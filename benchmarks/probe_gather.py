@@ -2,7 +2,7 @@
 gather (`gather.gather_columns`), alone (against a plain copy of x, the bandwidth reference) at decode and
 prefill M, and in front of the base GEMM, GPU time in a CUDA graph (timing.py).
 
-    python benchmarks/probe_gather.py [--m 1,16,64,256,1024] [--forms] [--out benchmarks/results/h200_gather_probe.json]
+    python benchmarks/probe_gather.py [--m 1,16,64,256,1024] [--chunks] [--out benchmarks/results/h200_gather_probe.json]
 
 W4A16_SOURCE=<an older tree's package> times that tree's gather (timing.load_kernel).
 """
@@ -20,18 +20,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import timing  # noqa: E402
 
 
-def time_forms(kernel, ms, out) -> None:
+def time_chunks(kernel, ms, out) -> None:
+    """Every chunk from 1024 columns to the whole row block at every M, the one `gather_chunk` picks marked."""
     rows = []
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for k in (4096, 8192, 14336, 28672):
+        block = 1 << (k - 1).bit_length()
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.float16)
             perm = torch.randperm(k, device="cuda")
-            forms = ("columns", "rows", "staged") if k <= kernel.gather._STAGED_MAX_K else ("columns", "rows")
-            for form in forms:
-                gather = lambda f=form: kernel.gather.gather_columns(x, perm, form=f)  # noqa: E731
+            picked = kernel.gather.gather_chunk(m, k, sms)
+            chunks = [1024 << i for i in range(16) if 1024 << i <= block]
+            for chunk in chunks:
+                gather = lambda c=chunk: kernel.gather.gather_columns(x, perm, chunk=c)  # noqa: E731
                 assert torch.equal(gather(), x.index_select(1, perm))
-                rows.append({"K": k, "M": m, "form": form, "us": timing.gpu_time_us([gather] * 4)})
-            print(k, m, " ".join(f"{r['form']}={r['us']:.2f}" for r in rows[-len(forms):]), flush=True)
+                rows.append({"K": k, "M": m, "chunk": chunk, "picked": chunk == picked, "us": timing.gpu_time_us([gather] * 4)})
+            print(k, m, " ".join(f"{r['chunk']}{'*' if r['picked'] else ''}={r['us']:.2f}" for r in rows[-len(chunks):]), flush=True)
     if out:
         Path(out).write_text(json.dumps({**timing.machine_info(), "rows": rows}, indent=1) + "\n")
 
@@ -40,13 +44,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--m", default="1,16")
     ap.add_argument("--out", default="")
-    ap.add_argument("--forms", action="store_true",
-                    help="only time each form of the package's gather (columns / rows / staged) at every --m, whichever M picks")
+    ap.add_argument("--chunks", action="store_true",
+                    help="only time the package's gather at each chunk (output columns per program) at every --m")
     args = ap.parse_args()
     kernel = timing.load_kernel()
     rows = []
-    if args.forms:
-        return time_forms(kernel, [int(v) for v in args.m.split(",")], args.out)
+    if args.chunks:
+        return time_chunks(kernel, [int(v) for v in args.m.split(",")], args.out)
     for k in (4096, 14336, 28672):
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, k, device="cuda", dtype=torch.float16)

@@ -162,9 +162,8 @@ def test_shipped_tile_configs(w4a16, device, kernel_path, config, group_size, dt
 
 @pytest.mark.parametrize("m,k", [(1, 8), (3, 1000), (2, 2056), (5, 2056), (63, 1500), (64, 4100), (260, 9000)])
 def test_gather_columns_is_index_select(w4a16, device, m, k):
-    """The act-order gather kernel in the form M picks: x[:, perm] exactly, for a strided x and K not a multiple of
-    its block; one program per 1024 columns (M < 64), from M = 64 one program per whole row in 4096-column steps,
-    from M = 128 the staged form (at M = 260, K = 9000: a row block of 16384, the rows past K masked)."""
+    """The act-order gather kernel with the chunk `gather_chunk` picks: x[:, perm] exactly, for a strided x and K
+    off the power-of-two row blocks (the row's columns past K masked; at K = 8 a row block of 1024)."""
     if not triton_available(device):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     gen = torch.Generator().manual_seed(k)
@@ -175,37 +174,42 @@ def test_gather_columns_is_index_select(w4a16, device, m, k):
     assert out.is_contiguous() and torch.equal(out, x.index_select(1, perm))
 
 
-def test_gather_columns_forced_form(w4a16, device):
-    """`form` overrides the choice by M (benchmarks/probe_gather.py times both forms at any M): each form gives
-    x[:, perm] exactly at an M where the other is the default; an unknown form is refused by name."""
-    if not triton_available(device):
-        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
-    gen = torch.Generator().manual_seed(3)
-    for m, form in ((3, "rows"), (70, "columns")):
-        x = torch.randn(m, 2100, generator=gen).to(device=device, dtype=torch.float16)
-        perm = torch.randperm(2100, generator=gen).to(device)
-        assert torch.equal(w4a16.gather.gather_columns(x, perm, form=form), x.index_select(1, perm))
-    with pytest.raises(ValueError, match="form must be"):
-        w4a16.gather.gather_columns(x, perm, form="tiles")
-
-
-@pytest.mark.parametrize("m,k", [(1, 8), (3, 1000), (37, 2056), (70, 4104), (5, 16384)])
-def test_gather_staged_form(w4a16, device, m, k):
-    """The staged form (whole rows permuted in shared memory, programs striding over rows; the default from M = 128
-    where K <= 16384), forced at any M: x[:, perm] exactly for a strided x, K off the power-of-two row blocks, and
-    more rows than programs (at M = 37 and 70 every program takes several rows on the CPU, where the grid is at
-    most 16 programs); K past 16384 is refused."""
+@pytest.mark.parametrize("m,k,chunk", [(1, 1000, 128), (3, 2056, 256), (2, 4104, 1024), (5, 300, 2048)])
+def test_gather_columns_forced_chunk(w4a16, device, m, k, chunk):
+    """`chunk` overrides the output columns per program (benchmarks/probe_gather.py times them): x[:, perm] exactly
+    with a row split over many programs (the last chunk partly past K) and with a chunk wider than the row, bf16."""
     if not triton_available(device):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     gen = torch.Generator().manual_seed(k + m)
     wide = torch.randn(m, k + 8, generator=gen).to(device=device, dtype=torch.bfloat16)
     x = wide[:, 8:]
     perm = torch.randperm(k, generator=gen).to(device)
-    assert torch.equal(w4a16.gather.gather_columns(x, perm, form="staged"), x.index_select(1, perm))
-    if k == 16384:
-        long = torch.zeros(1, 16392, device=device, dtype=torch.float16)
-        with pytest.raises(ValueError, match="needs K <= 16384"):
-            w4a16.gather.gather_columns(long, torch.arange(16392, device=device), form="staged")
+    assert torch.equal(w4a16.gather.gather_columns(x, perm, chunk=chunk), x.index_select(1, perm))
+
+
+def test_gather_columns_refuses_bad_chunk_and_takes_any_k(w4a16, device):
+    """A chunk that is not a power of two from 128 to 65536 is refused by name; rows past 65536 columns (beyond the
+    kernel's row block) still gather exactly, through torch's index_select."""
+    x = torch.randn(2, 300, device=device, dtype=torch.float16)
+    perm = torch.randperm(300).to(device)
+    for bad in (100, 64, 1 << 17):
+        with pytest.raises(ValueError, match="chunk must be None or a power of two"):
+            w4a16.gather.gather_columns(x, perm, chunk=bad)
+    wide = torch.randn(1, 65544, device=device, dtype=torch.float16)
+    perm = torch.randperm(65544).to(device)
+    assert torch.equal(w4a16.gather.gather_columns(wide, perm), wide.index_select(1, perm))
+
+
+def test_gather_chunk_fills_one_wave(w4a16):
+    """`gather_chunk`: the smallest power of two from 1024 whose programs (M x chunks per row) fit the SMs, the whole
+    row block once M alone fills them (values from NOTES v36's probe on 132 SMs)."""
+    gather = w4a16.gather
+    assert gather.gather_chunk(1, 4096, 132) == 1024
+    assert gather.gather_chunk(16, 14336, 132) == 2048
+    assert gather.gather_chunk(32, 14336, 132) == 4096
+    assert gather.gather_chunk(32, 28672, 132) == 8192
+    assert gather.gather_chunk(256, 14336, 132) == 16384
+    assert gather.gather_chunk(4096, 8, 132) == 1024
 
 
 @pytest.mark.parametrize("path", ["splitk:fold", "splitk:operand", "streamk:fold", "tiled:operand"])
