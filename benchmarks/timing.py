@@ -176,7 +176,7 @@ def random_w4_weights(kernel, n: int, k: int, group_size: int, copies: int, symm
             qweight=torch.randint(-2**31, 2**31 - 1, shape, dtype=torch.int32, device="cuda"),
             scales=(torch.rand(k // group_size, n, device="cuda") * 0.02 + 0.001).to(scale_dtype),
             zeros=None if symmetric else stored_zeros(kernel, torch.randint(0, 16, (k // group_size, n), device="cuda").to(scale_dtype)),
-            perm=torch.randperm(k, device="cuda") if act_order else None,
+            perm=torch.randperm(k, device="cuda", dtype=torch.int32) if act_order else None,
             in_features=k, out_features=n, group_size=group_size,
         )
         for _ in range(copies)

@@ -502,8 +502,10 @@ def test_bad_inputs_raise_clear_errors(w4a16):
         w4a16.W4A16Weight(**dict(fields, zeros=weight.zeros.to(torch.int32)))
     with pytest.raises(TypeError, match="zeros must be a floating-point or uint8 tensor or None, got torch.int32"):
         w4a16.prepare_weight(packed, scales, zeros.to(torch.int32), 128)
-    with pytest.raises(ValueError, match="perm must be None or an int64 tensor"):
-        w4a16.W4A16Weight(**dict(fields, perm=torch.arange(256, dtype=torch.int32)))
+    with pytest.raises(ValueError, match="perm must be None or an int32 \\(or int64\\) tensor"):
+        w4a16.W4A16Weight(**dict(fields, perm=torch.arange(256, dtype=torch.int16)))
+    with pytest.raises(ValueError, match=r"perm must be None or an int32 \(or int64\) tensor of shape \[K\] = \(256,\)"):
+        w4a16.W4A16Weight(**dict(fields, perm=torch.arange(128, dtype=torch.int32)))
     with pytest.raises(ValueError, match="out_features=31 must equal scales.shape"):
         w4a16.W4A16Weight(**dict(fields, out_features=31))
     with pytest.raises(ValueError, match="effective group size"):
@@ -656,7 +658,7 @@ def test_act_order_gemm_launched_after_its_gather(w4a16, device, path, options):
     """GATHER_PDL (a tuned option of act-order entries): on sm_90+ the GEMM is a programmatic dependent
     of the gather (its programs wait for the gather's x before loading it); elsewhere (the interpreter,
     AMD, older GPUs) the option is ignored. Back-to-back calls and, on CUDA, replays of a CUDA graph
-    (programmatic edges in the graph), against the float64 reference; M = 300 takes the whole-row gather.
+    (programmatic edges in the graph), against the float64 reference; at M = 300 a row per gather program.
     The decode kernel (Gluon, M <= 16) runs only on an NVIDIA GPU; with X_AT_USE its x loads are all in the loop."""
     cuda = device == "cuda"
     if path == "decode" and not (cuda and w4a16.gemm_decode.available(torch.device(device))):

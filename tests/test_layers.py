@@ -6,6 +6,7 @@ On CPU the op runs its plain-torch path; on a CUDA machine the same tests run th
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -217,6 +218,24 @@ def test_state_dict_zeros_load_in_their_dtype(w4a16, device):
     assert fresh.zeros.dtype == torch.float16 and torch.equal(fresh.zeros, sd["zeros"])
     x = torch.randn((3, K), device=device, dtype=torch.float16)
     _assert_close_to_reference(fresh(x), _reference(fresh, x), torch.float16)
+
+
+@pytest.mark.kernels_ci
+def test_state_dict_int64_perm_loads_as_int32(w4a16, device):
+    """An act-order perm saved as int64 (by an older version, or made by hand) loads into the layer's int32 buffer
+    (the gather reads it every call) and gives the same output; a W4A16Weight may also hold the int64 one."""
+    layer = _make(w4a16, device, False, True, False)
+    assert layer.perm.dtype == torch.int32
+    sd = layer.state_dict()
+    sd["perm"] = sd["perm"].to(torch.int64)
+    fresh = w4a16.layers.W4A16Linear(K, N, bias=False, group_size=G, act_order=True, dtype=torch.float16, device=device)
+    fresh.load_state_dict(sd)
+    assert fresh.perm.dtype == torch.int32 and torch.equal(fresh.perm.long(), sd["perm"])
+    x = torch.randn((3, K), device=device, dtype=torch.float16)
+    y = layer(x)
+    assert torch.equal(fresh(x), y)
+    wide = dataclasses.replace(layer.weight_view(), perm=sd["perm"])
+    assert torch.equal(w4a16.w4a16_linear(x, wide), y)
 
 
 @pytest.mark.kernels_ci

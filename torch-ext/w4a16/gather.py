@@ -2,7 +2,7 @@
 before the GEMM (whose weight rows `layout.prepare_weight` permuted once at load, so that groups are contiguous).
 
     x    [M, K]  fp16 / bf16, unit stride along K (any row stride)
-    perm int64 [K], a permutation of 0..K-1 (`W4A16Weight.perm`)
+    perm int32 [K] (int64 accepted), a permutation of 0..K-1 (`W4A16Weight.perm`)
     out  [M, K]  contiguous, x's dtype
 
 Every program reads one row of x whole, with coalesced loads, and permutes it inside the SM (`tl.gather`, through
@@ -66,11 +66,10 @@ def _warps(block_k: int, chunk: int) -> int:
 
 # One prepared launch per (row block, chunk, dependents): constexprs and options never vary per call; what each
 # keeps per specialisation, the compiled kernel, is a cache like Triton's own.
-_launches = {(block, chunk, dependents): PreparedLaunch(_gather_columns_kernel,
-                                                        {"BLOCK_K": block, "CHUNK": chunk, "LAUNCH_DEPENDENTS": dependents},
-                                                        {"num_warps": _warps(block, chunk)}, ("x_ptr", "perm_ptr", "out_ptr"),
-                                                        ("K", "stride_xm"))
-             for block in _BLOCKS for chunk in _CHUNKS if chunk <= block for dependents in (False, True)}
+_launches = {(block, chunk, dependents): PreparedLaunch(
+    _gather_columns_kernel, {"BLOCK_K": block, "CHUNK": chunk, "LAUNCH_DEPENDENTS": dependents},
+    {"num_warps": _warps(block, chunk)}, ("x_ptr", "perm_ptr", "out_ptr"), ("K", "stride_xm"))
+    for block in _BLOCKS for chunk in _CHUNKS if chunk <= block for dependents in (False, True)}
 
 
 def gather_chunk(m: int, k: int, programs: int) -> int:
@@ -83,7 +82,8 @@ def gather_chunk(m: int, k: int, programs: int) -> int:
     return min(chunk, block)
 
 
-def gather_columns(x2: torch.Tensor, perm: torch.Tensor, launch_dependents: bool = False, chunk: int | None = None) -> torch.Tensor:
+def gather_columns(x2: torch.Tensor, perm: torch.Tensor, launch_dependents: bool = False,
+                   chunk: int | None = None) -> torch.Tensor:
     """x2[:, perm] as a new contiguous [M, K] tensor (act-order), by one small Triton kernel;
     `launch_dependents`: the next launch (a GEMM of a plan with GATHER_PDL) may start before this one ends;
     `chunk` (a power of two from 128 to 65536) overrides `gather_chunk`'s output columns per program

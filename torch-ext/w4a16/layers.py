@@ -7,7 +7,8 @@ kernel-native layout (see layout.py) as buffers:
     scales   [K/G, N]                    the layer's dtype (fp16 / bf16)
     zeros    [K/G, N] or None            uint8 (integer zero points; float if fractional, loaded in the
                                          checkpoint's dtype); None: symmetric (zero 8), key absent
-    perm     int64 [K] or None           act-order row permutation; absent from state_dict without
+    perm     int32 [K] or None           act-order row permutation (an int64 one loads, cast); key absent without
+                                         act-order
     bias     [N] or None
     in_features, out_features, group_size (ints; group_size is the effective G, K for per-channel)
 
@@ -147,7 +148,7 @@ class W4A16Linear(nn.Module):
         self.register_buffer(
             "zeros", None if symmetric else torch.full((k // g, n), SYMMETRIC_ZERO, dtype=torch.uint8, device=device)
         )
-        self.register_buffer("perm", torch.arange(k, dtype=torch.int64, device=device) if act_order else None)
+        self.register_buffer("perm", torch.arange(k, dtype=torch.int32, device=device) if act_order else None)
         self.register_buffer("bias", torch.zeros(n, dtype=dtype, device=device) if bias else None)
         self._w4a16_plan_logged = False
 

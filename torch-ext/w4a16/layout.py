@@ -21,8 +21,9 @@ Kernel-native layout ("64-row tiles, K-striped, pair-interleaved"), made once at
         subtract (no correction term), which measured 3-9% faster at M = 64 on the H200 (NOTES v12).
         Float zeros (fp16 / bf16 / fp32) may be fractional and take the general form. uint8 zeros
         must be at most 127 (`prepare_weight` checks it; the per-call checks do not read values).
-    perm int64 [K] or None: act-order. Rows were sorted so that groups are contiguous; the GEMM
-        computes x[:, perm] @ W_sorted, where W_sorted[i] = W[perm[i]].
+    perm int32 [K] or None: act-order. Rows were sorted so that groups are contiguous; the GEMM
+        computes x[:, perm] @ W_sorted, where W_sorted[i] = W[perm[i]]. int64 is accepted too (the
+        gather then reads twice the index bytes per call; `prepare_weight` makes int32).
 
 Why tiles: a program reads, per 128-row block, BLOCK_N rows of 64 bytes (one word row of the tile
 per output row) and the tensor-core kernel computes y^T = W x^T with the weight on the wide side of
@@ -125,7 +126,7 @@ def act_order_permutation(g_idx: torch.Tensor, group_size: int) -> torch.Tensor 
     perm = torch.sort(g, stable=True).indices
     if bool((perm == torch.arange(k, device=perm.device)).all()):
         return None
-    return perm
+    return perm.to(torch.int32)  # the gather reads perm every call: half int64's bytes (NOTES v36)
 
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -151,8 +152,8 @@ def validate_weight_tensors(qweight, scales, zeros, perm, in_features: int, grou
     if zeros is not None and (zeros.dtype not in _ZERO_DTYPES or tuple(zeros.shape) != (k // group_size, n)):
         raise ValueError(f"zeros must be None or a float or uint8 tensor of shape [K/G, N] = {(k // group_size, n)}, "
                          f"got {zeros.dtype} {tuple(zeros.shape)}")
-    if perm is not None and (perm.dtype != torch.int64 or tuple(perm.shape) != (k,)):
-        raise ValueError(f"perm must be None or an int64 tensor of shape [K] = ({k},), got {perm.dtype} {tuple(perm.shape)}")
+    if perm is not None and (perm.dtype not in (torch.int32, torch.int64) or tuple(perm.shape) != (k,)):
+        raise ValueError(f"perm must be None or an int32 (or int64) tensor of shape [K] = ({k},), got {perm.dtype} {tuple(perm.shape)}")
     for name, t in (("scales", scales), ("zeros", zeros), ("perm", perm)):
         if t is not None and t.device != qweight.device:
             raise ValueError(f"{name} is on {t.device} but qweight is on {qweight.device}: all tensors must be on one device")
@@ -169,7 +170,7 @@ class W4A16Weight:
     qweight: torch.Tensor  # int32 [Np/64, Kp/128, 64, 16]: 64-row tiles, K-striped
     scales: torch.Tensor  # [K/G, N]
     zeros: torch.Tensor | None  # [K/G, N] float or uint8 (integer zero points), or None (symmetric: zero 8)
-    perm: torch.Tensor | None  # int64 [K] act-order permutation or None
+    perm: torch.Tensor | None  # int32 [K] act-order permutation (int64 accepted) or None
     in_features: int  # K
     out_features: int  # N
     group_size: int  # effective G (K for per-channel)
