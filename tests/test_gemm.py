@@ -160,10 +160,12 @@ def test_shipped_tile_configs(w4a16, device, kernel_path, config, group_size, dt
     assert_path_matches_reference(w4a16, weight, ref, (kernel_path, config), dtype, device, (33, config["BLOCK_M"] + 4), seed=14)
 
 
-@pytest.mark.parametrize("m,k", [(1, 8), (3, 1000), (2, 2056), (5, 2056), (63, 1500), (64, 4100), (260, 9000)])
+@pytest.mark.parametrize("m,k", [(1, 8), (3, 1000), (2, 2056), (5, 2056), (63, 1500), (64, 4100), (260, 9000), (3, 20000),
+                                 (2, 40000)])
 def test_gather_columns_is_index_select(w4a16, device, m, k):
     """The act-order gather kernel with the chunk `gather_chunk` picks: x[:, perm] exactly, for a strided x and K
-    off the power-of-two row blocks (the row's columns past K masked; at K = 8 a row block of 1024)."""
+    off the power-of-two row blocks (the row's columns past K masked; at K = 8 a row block of 1024), up to the
+    largest row block (K = 40000: 65536 columns, 32 warps on a GPU)."""
     if not triton_available(device):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     gen = torch.Generator().manual_seed(k)

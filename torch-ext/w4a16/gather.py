@@ -72,10 +72,15 @@ _launches = {(block, chunk, dependents): PreparedLaunch(
     for block in _BLOCKS for chunk in _CHUNKS if chunk <= block for dependents in (False, True)}
 
 
+def _row_block(k: int) -> int:
+    """The kernel's BLOCK_K for rows of k columns: the power of two at or above k, at least _MIN_CHUNK."""
+    return max(_MIN_CHUNK, 1 << (k - 1).bit_length())
+
+
 def gather_chunk(m: int, k: int, programs: int) -> int:
     """The output columns per program for x [m, k] on a GPU of `programs` SMs: the smallest power of two from
     1024 (at most the row block) for which m rows give no more programs than SMs (one wave; NOTES v36)."""
-    block = max(_MIN_CHUNK, 1 << (k - 1).bit_length())
+    block = _row_block(k)
     chunk = _MIN_CHUNK
     while chunk < block and m * -(-k // chunk) > programs:
         chunk *= 2
@@ -96,7 +101,7 @@ def gather_columns(x2: torch.Tensor, perm: torch.Tensor, launch_dependents: bool
         return x2.index_select(1, perm)
     if chunk is None:
         chunk = gather_chunk(m, k, sm_count(x2.device))
-    block = max(_MIN_CHUNK, 1 << (k - 1).bit_length(), chunk)
+    block = max(_row_block(k), chunk)
     out = torch.empty((m, k), device=x2.device, dtype=x2.dtype)
     _launches[(block, chunk, launch_dependents)]((m, -(-k // chunk)), (x2, perm, out), (k, x2.stride(0)), current_stream(x2.device))
     return out
