@@ -64,21 +64,21 @@ def compile_decode_for_sm90(kernel, m: int, n: int, k: int, variant: str, config
     return compiled, config.get("num_warps", 4)
 
 
-def captured_launches(kernel, plan, m: int, n: int, k: int, variant: str) -> list:
-    """(plan, PreparedLaunch, tensors, ints) of the kernels of gemm.py one call of `plan` (`tuned_call`'s) would
-    launch; (plan, None, None, None) for the dense path and the Gluon kernels."""
+def captured_launch(kernel, plan, m: int, n: int, k: int, variant: str):
+    """(PreparedLaunch, tensors, ints) of the gemm.py kernel one call of `plan` (`tuned_call`'s) would launch; None
+    for the dense path and the Gluon kernels."""
     dtype, group_size, symmetric, _ = timing.VARIANTS[variant]
     g = timing.effective_group_size(group_size, k)
     if plan.path in ("dense", "reference") or plan.path in kernel.dispatch.GLUON_PATHS:
         # no Triton kernel of gemm.py: cuBLAS / torch, or a Gluon kernel (its module's compile_for_sm90 compiles it)
-        return [(plan, None, None, None)]
+        return None
     qweight = torch.empty(kernel.layout.native_qweight_shape(n, k), dtype=torch.int32)
     scales = torch.empty(k // g, n, dtype=dtype)
     zeros = None if symmetric else timing.stored_zeros(kernel, torch.zeros(k // g, n, dtype=dtype))  # integer zeros
     # the launch's arguments prepared as for a GPU (inline assembly, the GPU's dot dtype) on CPU tensors
     run, _, tensors, ints, _ = kernel.gemm._launch_arguments(torch.empty(m, k, dtype=dtype), qweight, scales, zeros, k, g, plan,
                                                              None, 0, "cuda")
-    return [(plan, run.kernel, tensors, ints)]
+    return run.kernel, tensors, ints
 
 
 def compile_for_sm90(prepared, tensors, ints):
@@ -190,19 +190,20 @@ def main() -> None:
     for shape in timing.select_shapes(args.shapes):
         for m in (int(v) for v in args.m.split(",")):
             plan, config = tuned_call(kernel, m, shape["N"], shape["K"], args.variant, overrides)
-            for plan, prepared, tensors, ints in captured_launches(kernel, plan, m, shape["N"], shape["K"], args.variant):
-                s = {}  # dense / reference / pingpong plans: every column "-"
-                compiled = warps = None
-                if prepared is not None:
-                    compiled, warps = compile_for_sm90(prepared, tensors, ints), prepared.options.get("num_warps", 4)
-                elif plan.path == "decode":
-                    compiled, warps = compile_decode_for_sm90(kernel, m, shape["N"], shape["K"], args.variant, config)
-                if compiled is not None:
-                    s = hot_loop_summary(compiled.asm["cubin"])
-                    s["smem_kb"] = round(compiled.metadata.shared / 1024, 1)
-                    s["ctas"] = resident_ctas(s["regs"], compiled.metadata.shared, warps)
-                print(f"{shape['name']:12s} {m:5d}  " + " ".join(f"{'-' if s.get(key) is None else s[key]:>{width}}" for key, _, width in COLUMNS)
-                      + f"  {plan.path} " + " ".join(f"{k}={v}" for k, v in sorted(plan.config.items())), flush=True)
+            launch = captured_launch(kernel, plan, m, shape["N"], shape["K"], args.variant)
+            s = {}  # dense / reference / pingpong plans: every column "-"
+            compiled = warps = None
+            if launch is not None:
+                prepared, tensors, ints = launch
+                compiled, warps = compile_for_sm90(prepared, tensors, ints), prepared.options.get("num_warps", 4)
+            elif plan.path == "decode":
+                compiled, warps = compile_decode_for_sm90(kernel, m, shape["N"], shape["K"], args.variant, config)
+            if compiled is not None:
+                s = hot_loop_summary(compiled.asm["cubin"])
+                s["smem_kb"] = round(compiled.metadata.shared / 1024, 1)
+                s["ctas"] = resident_ctas(s["regs"], compiled.metadata.shared, warps)
+            print(f"{shape['name']:12s} {m:5d}  " + " ".join(f"{'-' if s.get(key) is None else s[key]:>{width}}" for key, _, width in COLUMNS)
+                  + f"  {plan.path} " + " ".join(f"{k}={v}" for k, v in sorted(plan.config.items())), flush=True)
 
 
 if __name__ == "__main__":
