@@ -59,7 +59,7 @@ def compile_decode_for_sm90(kernel, m: int, n: int, k: int, variant: str, config
     which takes the plan's options through the launcher's own `_launch_config`), and its warp count."""
     dtype, group_size, symmetric, _ = timing.VARIANTS[variant]
     decode = kernel.gemm_decode
-    compiled = decode.compile_for_sm90(config, dtype, decode.decode_block_m(m), symmetric,
+    compiled = decode.compile_for_sm90(config, dtype, decode.decode_block_m(m, config), symmetric,
                                        group_size=timing.effective_group_size(group_size, k), in_features=k, out_features=n)
     return compiled, config.get("num_warps", 4)
 

@@ -106,6 +106,11 @@ def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536, 
                     (4, 8), (16, 32), ((1, False), (1, True), (2, False)), (None, 128, 96), (False, True)):
                 yield "decode", {"num_warps": w, "ROWS": rows, "AHEAD": ahead, **({"maxnreg": cap} if cap else {}),
                                  **({"ZEROS_BY_X_SUM": True} if by_x_sum else {}), **({"X_AT_USE": True} if x_at_use else {})}
+            if m > 8:  # two programs of 8 tokens per weight tile, launched together (TOKENS_FIRST): won on the small
+                # shapes at M = 16 (NOTES v37)
+                for w, rows, x_at_use, by_x_sum in itertools.product((4, 8), (16, 32), (False, True), (False, True)):
+                    yield "decode", {"num_warps": w, "ROWS": rows, "AHEAD": 1, "maxnreg": 128, "BLOCK_M": 8, "TOKENS_FIRST": True,
+                                     **({"ZEROS_BY_X_SUM": True} if by_x_sum else {}), **({"X_AT_USE": True} if x_at_use else {})}
     if m >= 64:
         for bn, bm, w, st, operand in ((128, 64, 4, 3, False), (128, 128, 8, 3, False), (256, 64, 8, 3, False),
                                        (256, 128, 8, 3, False), (128, 64, 4, 4, True), (128, 128, 8, 3, True),

@@ -28,20 +28,27 @@ def _on_nvidia() -> bool:
     (torch.bfloat16, False, torch.bfloat16, 16),   # eight groups per block
     (torch.float16, False, torch.uint8, 4096),     # a group spanning blocks (per-channel)
 ])
-@pytest.mark.parametrize("block_m,rows,ahead,warps,by_x_sum,wait_prior,adjacent,x_at_use,evict_first", [
-    (8, 16, 1, 4, False, False, False, False, False),
-    (16, 32, 2, 8, True, True, True, False, True),
-    (8, 16, 3, 8, False, True, False, True, False),
+@pytest.mark.parametrize("block_m,rows,ahead,warps,by_x_sum,wait_prior,adjacent,x_at_use,evict_first,tokens_first", [
+    (8, 16, 1, 4, False, False, False, False, False, False),
+    (16, 32, 2, 8, True, True, True, False, True, False),
+    (8, 16, 3, 8, False, True, False, True, False, True),
 ])
 def test_decode_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmetric, zeros_dtype, group_size, block_m, rows,
-                                  ahead, warps, by_x_sum, wait_prior, adjacent, x_at_use, evict_first):
+                                  ahead, warps, by_x_sum, wait_prior, adjacent, x_at_use, evict_first, tokens_first):
     decode = w4a16.gemm_decode
     if not decode.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     config = {"num_warps": warps, "ROWS": rows, "AHEAD": ahead, "maxnreg": 128, "ZEROS_BY_X_SUM": by_x_sum,
-              "GATHER_PDL": wait_prior, "ADJACENT_ROWS": adjacent, "X_AT_USE": x_at_use, "EVICT_FIRST": evict_first}
+              "GATHER_PDL": wait_prior, "ADJACENT_ROWS": adjacent, "X_AT_USE": x_at_use, "EVICT_FIRST": evict_first,
+              "TOKENS_FIRST": tokens_first}
     compiled = decode.compile_for_sm90(config, dtype, block_m, symmetric, zeros_dtype, group_size=group_size)
     ptx = compiled.asm["ptx"]
+    # the program's first token, m0 = BLOCK_M * (its token block), from the grid's first dimension with TOKENS_FIRST,
+    # from the second without
+    block_ids = {reg: axis for reg, axis in re.findall(r"mov\.u32\s+(%r\d+), %ctaid\.([xy]);", ptx)}
+    first_token = [block_ids[reg] for reg in re.findall(rf"shl\.b32\s+%r\d+, (%r\d+), {block_m.bit_length() - 1};", ptx)
+                   if reg in block_ids]
+    assert first_token == ["x" if tokens_first else "y"]
     # EVICT_FIRST: the words' 16-byte loads (and only they) under an L2 evict-first policy
     words = re.findall(r"ld\.global[^;\n]*\.v4\.b32", ptx)
     assert words and all(("evict_first" in load) == evict_first for load in words)
@@ -82,6 +89,8 @@ def test_decode_refuses_what_it_cannot_run(w4a16, device):
         call(config={"AHEAD": 0})
     with pytest.raises(ValueError, match="num_warps must be a power of two"):
         call(config={"num_warps": 3})
+    with pytest.raises(ValueError, match="BLOCK_M must be one of"):
+        call(config={"BLOCK_M": 32})
     with pytest.raises(ValueError, match="M <= 16"):
         call(m=17)
     odd, _ = random_layer(w4a16, 320, 40, 64, False, torch.float16, device, seed=4)
@@ -90,6 +99,14 @@ def test_decode_refuses_what_it_cannot_run(w4a16, device):
     if not _on_nvidia():
         with pytest.raises(RuntimeError, match="compute capability"):
             call()
+    # TOKENS_FIRST puts the weight tiles on the grid's second dimension (at most 65535 programs)
+    n = 65535 * 16 + 1
+    tall = dict(qweight=torch.empty(-(-n // 64), 1, 64, 16, dtype=torch.int32, device=device),
+                scales=torch.empty(1, n, dtype=torch.float16, device=device), zeros=torch.empty(1, n, dtype=torch.uint8, device=device))
+    plan = w4a16.dispatch.Plan("decode", {"ROWS": 16, "BLOCK_M": 8, "TOKENS_FIRST": True}, "test")
+    with pytest.raises(ValueError, match=r"TOKENS_FIRST takes N <= 1048560 at ROWS 16, got N=1048561"):
+        w4a16.gemm_decode.launch_decode(torch.randn(9, 128, dtype=torch.float16, device=device), **tall, in_features=128,
+                                        group_size=128, plan=plan)
 
 
 @pytest.mark.parametrize("path,row", [
@@ -147,6 +164,10 @@ def test_shipped_gluon_entries_carry_a_runnable_fallback(w4a16):
     {"num_warps": 4, "ROWS": 16, "AHEAD": 1, "ZEROS_BY_X_SUM": True, "ADJACENT_ROWS": True},
     {"num_warps": 8, "ROWS": 16, "AHEAD": 3, "X_AT_USE": True, "maxnreg": 128},
     {"num_warps": 4, "ROWS": 32, "AHEAD": 1, "ADJACENT_ROWS": True, "EVICT_FIRST": True, "maxnreg": 128},
+    # two programs of 8 tokens per weight tile from M = 9, launched together or a grid row apart
+    {"num_warps": 4, "ROWS": 32, "AHEAD": 1, "maxnreg": 128, "BLOCK_M": 8, "TOKENS_FIRST": True},
+    {"num_warps": 8, "ROWS": 16, "AHEAD": 2, "BLOCK_M": 8, "ZEROS_BY_X_SUM": True, "X_AT_USE": True},
+    {"num_warps": 4, "ROWS": 16, "AHEAD": 1, "BLOCK_M": 16, "TOKENS_FIRST": True},  # 16 tokens from M = 1
 ])
 def test_decode_matches_reference(w4a16, dtype, k, n, group_size, symmetric, fractional, config):
     weight, ref = random_layer(w4a16, k, n, group_size, symmetric, dtype, "cuda", seed=21, fractional_zeros=fractional)

@@ -13,9 +13,10 @@ Paths:
     streamk    tensor-core kernel on a persistent grid of PROGRAMS programs sharing the (tile, K block)
                work evenly (Stream-K), decode M
     tiled      tensor-core kernel without split-K, mid-size M
-    decode     NVIDIA mma.sync kernel (Gluon, gemm_decode.py), M <= 16: one program per ROWS weight rows and all
-               of K, the K blocks split over its num_warps warps (no split-K workspace); ROWS, AHEAD (register
-               ring depth), maxnreg, ZEROS_BY_X_SUM, ADJACENT_ROWS, X_AT_USE, EVICT_FIRST, GATHER_PDL (act-order).
+    decode     NVIDIA mma.sync kernel (Gluon, gemm_decode.py), M <= 16: one program per ROWS weight rows, BLOCK_M
+               tokens and all of K, the K blocks split over its num_warps warps (no split-K workspace); ROWS,
+               BLOCK_M, AHEAD (register ring depth), maxnreg, ZEROS_BY_X_SUM, ADJACENT_ROWS, X_AT_USE, EVICT_FIRST,
+               TOKENS_FIRST, GATHER_PDL (act-order).
                Its entries carry FALLBACK, as pingpong's do (no Gluon, AMD)
     pingpong   Hopper warp-specialised kernel (Gluon, gemm_pingpong.py), mid and large M: consumer
                warpgroups (CONSUMERS, 2 or 1) unpack and multiply while a loader warp streams x by TMA;
@@ -201,13 +202,13 @@ def _heuristic(m: int, n: int, k: int, sm_count: int) -> Plan:
 
 CONFIG_KEYS = ("BLOCK_N", "BLOCK_M", "SPLIT_K", "PROGRAMS", "num_warps", "num_stages", "maxnreg", "SCALE_IN_OPERAND", "ONE_TOKEN",
                "DOT_PARTS", "GATHER_PDL", "CONSUMERS", "STREAM_PARAMS", "UNPACK_AHEAD", "ROWS", "AHEAD",
-               "ZEROS_BY_X_SUM", "ADJACENT_ROWS", "X_AT_USE", "EVICT_FIRST")
+               "ZEROS_BY_X_SUM", "ADJACENT_ROWS", "X_AT_USE", "EVICT_FIRST", "TOKENS_FIRST")
 
 
 # the on / off options among them: bools (a forced config is checked in `_forced`, the one place caller-given
 # configurations enter; the shipped table's entries by tests/test_gemm.py's table test)
 CONFIG_OPTIONS = ("SCALE_IN_OPERAND", "ONE_TOKEN", "GATHER_PDL", "STREAM_PARAMS", "UNPACK_AHEAD", "ZEROS_BY_X_SUM",
-                  "ADJACENT_ROWS", "X_AT_USE", "EVICT_FIRST")
+                  "ADJACENT_ROWS", "X_AT_USE", "EVICT_FIRST", "TOKENS_FIRST")
 
 
 def row_config(row: dict) -> dict:

@@ -6,7 +6,10 @@ shared-memory hop of their pipelined loads) and, to fill the GPU, split K over p
 global workspace through an arrival counter (1.4-1.7 us per call, NOTES v20 / v25). Here no two programs share an
 output tile, and nothing is shared inside the loop:
 
-    program   ROWS weight rows (16 or 32) and all of K; grid (cdiv(N, ROWS), cdiv(M, BLOCK_M)). A thread holds
+    program   ROWS weight rows (16 or 32), BLOCK_M tokens (8 or 16: `decode_block_m`) and all of K; grid
+              (cdiv(N, ROWS), cdiv(M, BLOCK_M)), or with the plan option TOKENS_FIRST (cdiv(M, BLOCK_M), cdiv(N, ROWS)),
+              so that the token blocks of one weight tile launch together and share its words through L2 (BLOCK_M 8
+              at M = 16 on the small shapes: twice the programs of BLOCK_M 16, without its spills). A thread holds
               program rows l + 8 i (i < ROWS / 8) of the MMA layouts; with the plan option ADJACENT_ROWS program
               row l + 8 i is weight row l * ROWS / 8 + i, so a thread's rows are adjacent in memory and its scales
               and zeros of a group come in one vector load each (its word loads then touch 8 lines, not 4)
@@ -61,9 +64,10 @@ except ImportError:  # pragma: no cover - exercised only with an old Triton
     HAVE_GLUON = False
 
 __all__ = ["HAVE_GLUON", "available", "adjacent_rows_apply", "decode_block_m", "launch_decode", "launch_decode_kept",
-           "compile_for_sm90", "DECODE_ROWS"]
+           "compile_for_sm90", "DECODE_ROWS", "DECODE_BLOCK_M"]
 
 DECODE_ROWS = (16, 32)  # weight rows per program the kernel takes (ROWS)
+DECODE_BLOCK_M = (8, 16)  # tokens per program (BLOCK_M)
 
 
 @functools.lru_cache(maxsize=None)
@@ -290,10 +294,12 @@ if HAVE_GLUON:
                        WARPS: gl.constexpr, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, AHEAD: gl.constexpr,
                        SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr,
                        ADJACENT_ROWS: gl.constexpr, PARAMS_VECTOR: gl.constexpr, ZEROS_BY_X_SUM: gl.constexpr,
-                       X_AT_USE: gl.constexpr, WAIT_PRIOR: gl.constexpr, EVICT_FIRST: gl.constexpr):
+                       X_AT_USE: gl.constexpr, WAIT_PRIOR: gl.constexpr, EVICT_FIRST: gl.constexpr,
+                       TOKENS_FIRST: gl.constexpr):
         """y[M, N] = x[M, K] @ W: see the module docstring. GROUPS: scale groups per 128-row block
         (`layout.groups_per_block`: 1 when a group spans the block); BLOCKS_PER_GROUP: blocks per group then (0:
-        per-channel); ADJACENT_ROWS: the row order of the module docstring, PARAMS_VECTOR: with N a multiple of
+        per-channel); TOKENS_FIRST: grid axis 0 runs over the token blocks (module docstring); ADJACENT_ROWS: the row
+        order of the module docstring, PARAMS_VECTOR: with N a multiple of
         ROWS / 8, so that every thread's scales and zeros are one vector load. ZEROS_BY_X_SUM: integer and symmetric
         zeros folded through the x sums too (as fractional zeros are). X_AT_USE: x's block loaded in the step that
         uses it, not AHEAD steps before with the weights' (x comes from L1 / L2, a shorter wait than the words', and
@@ -316,8 +322,12 @@ if HAVE_GLUON:
         x_layout: gl.constexpr = _x_layout(WARPS, BLOCK_M)
         p_layout: gl.constexpr = gl.SliceLayout(2, mma)  # [W, R]: a row's scale / zero, as the accumulator's rows
 
-        n0 = gl.program_id(0) * ROWS
-        m0 = gl.program_id(1) * BLOCK_M
+        if TOKENS_FIRST:
+            n0 = gl.program_id(1) * ROWS
+            m0 = gl.program_id(0) * BLOCK_M
+        else:
+            n0 = gl.program_id(0) * ROWS
+            m0 = gl.program_id(1) * BLOCK_M
         num_kb = K // 128
 
         # words: qweight[n // 64, kb, n % 64, c] (rows past N exist: the layout pads N to 64)
@@ -454,6 +464,7 @@ class _DecodeLaunch:
 
     rows: int
     block_m: int
+    tokens_first: bool
     prepared: PreparedLaunch
 
 
@@ -471,10 +482,13 @@ def adjacent_rows_apply(group_size: int, in_features: int) -> bool:
 def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int, group_size: int,
                    symmetric: bool) -> tuple[dict, dict]:
     """(constexprs, options) of `_decode_kernel` for a decode plan's configuration `cfg` (num_warps, ROWS, AHEAD,
-    maxnreg, ZEROS_BY_X_SUM, ADJACENT_ROWS, X_AT_USE, EVICT_FIRST, GATHER_PDL: WAIT_PRIOR and a programmatic launch,
-    kept by the dispatcher only for act-order weights on sm_90+) and a call's BLOCK_M, weight shape (N decides
-    PARAMS_VECTOR) and format, or a ValueError naming the entry the kernel cannot take."""
+    maxnreg, ZEROS_BY_X_SUM, ADJACENT_ROWS, X_AT_USE, EVICT_FIRST, TOKENS_FIRST, GATHER_PDL: WAIT_PRIOR and a
+    programmatic launch, kept by the dispatcher only for act-order weights on sm_90+) and a call's BLOCK_M
+    (`decode_block_m`), weight shape (N decides PARAMS_VECTOR) and format, or a ValueError naming the entry the kernel
+    cannot take."""
     warps, rows, ahead = cfg.get("num_warps", 4), cfg.get("ROWS", 16), cfg.get("AHEAD", 1)
+    if block_m not in DECODE_BLOCK_M:
+        raise ValueError(f"config BLOCK_M must be one of {DECODE_BLOCK_M} for path 'decode', got {block_m!r}")
     if rows not in DECODE_ROWS:
         raise ValueError(f"config ROWS must be one of {DECODE_ROWS} for path 'decode', got {rows!r}")
     if warps not in (1, 2, 4, 8, 16):
@@ -489,28 +503,30 @@ def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int,
                       BLOCKS_PER_GROUP=group_blocks, ADJACENT_ROWS=adjacent,
                       PARAMS_VECTOR=adjacent and out_features % (rows // 8) == 0,
                       ZEROS_BY_X_SUM=bool(cfg.get("ZEROS_BY_X_SUM", False)), X_AT_USE=bool(cfg.get("X_AT_USE", False)),
-                      WAIT_PRIOR=wait_prior, EVICT_FIRST=bool(cfg.get("EVICT_FIRST", False)))
+                      WAIT_PRIOR=wait_prior, EVICT_FIRST=bool(cfg.get("EVICT_FIRST", False)),
+                      TOKENS_FIRST=bool(cfg.get("TOKENS_FIRST", False)))
     maxnreg = cfg.get("maxnreg")
     options = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {}), **({"launch_pdl": True} if wait_prior else {})}
     return constexprs, options
 
 
-def decode_block_m(m: int) -> int:
-    """The kernel's BLOCK_M for a call of M <= 16 tokens: one n8 MMA tile up to M = 8, two above."""
-    return 8 if m <= 8 else 16
+def decode_block_m(m: int, config: dict) -> int:
+    """The kernel's BLOCK_M for a call of M <= 16 tokens with a decode plan's configuration: its BLOCK_M if it has
+    one (8 or 16: `_launch_config` checks), else one n8 MMA tile up to M = 8 and two above."""
+    return config.get("BLOCK_M") or (8 if m <= 8 else 16)
 
 
 def _decode_launch(plan, m: int, in_features: int, out_features: int, group_size: int, symmetric: bool) -> _DecodeLaunch:
     """The plan's launch for this token count's BLOCK_M (`decode_block_m`) and this format, made on first use (its
     configuration checked then: a ValueError naming the entry, on any device) and kept in `plan.launches`."""
-    block_m = decode_block_m(m)
+    block_m = decode_block_m(m, plan.config)
     key = ("decode", block_m, in_features, out_features, group_size, symmetric)
     run = plan.launches.get(key)
     if run is None:
         constexprs, options = _launch_config(plan.config, block_m, in_features, out_features, group_size, symmetric)
         if not HAVE_GLUON:
             raise RuntimeError(_UNAVAILABLE)
-        run = plan.launches[key] = _DecodeLaunch(constexprs["ROWS"], block_m, PreparedLaunch(
+        run = plan.launches[key] = _DecodeLaunch(constexprs["ROWS"], block_m, constexprs["TOKENS_FIRST"], PreparedLaunch(
             _decode_kernel, constexprs, options, _TENSOR_ARGS, _INT_ARGS))
     return run
 
@@ -540,14 +556,19 @@ def _launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int
         raise ValueError(f"w4a16: path 'decode' needs in_features a multiple of {K_BLOCK}, got {k}")
     if qweight.numel() >= 2**31 or scales.numel() >= 2**31:  # the kernel's word and scale offsets are int32
         raise ValueError(f"w4a16: path 'decode' takes weights of < 2**31 words and scales, got N={scales.shape[1]}, K={k}")
-    run = _decode_launch(plan, m, k, scales.shape[1], group_size, zeros is None)
+    n = scales.shape[1]
+    run = _decode_launch(plan, m, k, n, group_size, zeros is None)
+    grid = (-(-n // run.rows), -(-m // run.block_m))
+    if run.tokens_first:
+        if grid[0] > 65535:  # CUDA's limit on a grid's second dimension
+            raise ValueError(f"w4a16: the decode plan option TOKENS_FIRST takes N <= {65535 * run.rows} at ROWS {run.rows}, "
+                             f"got N={n}")
+        grid = grid[::-1]
     if not available(x2.device):
         raise RuntimeError(f"{_UNAVAILABLE}; x is on {x2.device}")
     if x2.data_ptr() % 4 or x2.stride(0) % 2 or x2.stride(1) != 1:  # x is read as 32-bit row pairs
         x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
-    n = scales.shape[1]
     y = torch.empty((m, n), device=x2.device, dtype=x2.dtype) if out is None else out
-    grid = (-(-n // run.rows), -(-m // run.block_m))
     tensors = (x2, qweight, scales, scales if zeros is None else zeros, y)
     ints = (m, n, k, x2.stride(0), y.stride(0))
     stream = current_stream(x2.device)
