@@ -196,16 +196,17 @@ def test_search_times_the_neighbouring_buckets_plans(w4a16):
 
 
 @pytest.mark.kernels_ci
-@pytest.mark.parametrize("m,variant", [(1, "base"), (16, "base"), (16, "act_order"), (128, "bf16"), (4096, "base")])
-def test_sass_report_records_the_launch(w4a16, m, variant):
+@pytest.mark.parametrize("m,k,variant", [(1, 4096, "base"), (16, 14336, "base"), (16, 4096, "act_order"), (128, 4096, "bf16"),
+                                         (4096, 4096, "base")])
+def test_sass_report_records_the_launch(w4a16, m, k, variant):
     """benchmarks/sass_report.py compiles what a GPU call would launch: its recording of a call names
     every parameter of the kernel once, for the tuned plan's own prepared launch (none for the dense path and the
     Gluon kernels, which have compile_for_sm90 of their own)."""
     report = _benchmark_module("sass_report")
-    plan, _ = report.tuned_call(w4a16, m, 4096, 4096, variant)
-    launch = report.captured_launch(w4a16, plan, m, 4096, 4096, variant)
+    plan, _ = report.tuned_call(w4a16, m, 4096, k, variant)
+    launch = report.captured_launch(w4a16, plan, m, 4096, k, variant)
     if plan.path == "dense" or plan.path in w4a16.dispatch.GLUON_PATHS:
-        assert launch is None and (m, variant) != (16, "base")  # (M = 16: a Triton plan in the H200 table)
+        assert launch is None and (m, k) != (16, 14336)  # (4096 x 14336 at M = 16: a Triton plan in the H200 table)
         return
     prepared, tensors, ints = launch
     named = list(prepared.tensor_names + prepared.int_names) + list(prepared.constexprs)
