@@ -8,11 +8,11 @@ output tile, and nothing is shared inside the loop:
 
     program   ROWS weight rows (16 or 32), BLOCK_M tokens (8 or 16: `decode_block_m`) and all of K; grid
               (cdiv(N, ROWS), cdiv(M, BLOCK_M)), or with the plan option TOKENS_FIRST (cdiv(M, BLOCK_M), cdiv(N, ROWS)),
-              so that the token blocks of one weight tile launch together and share its words through L2 (BLOCK_M 8
-              at M = 16 on the small shapes: twice the programs of BLOCK_M 16, without its spills). A thread holds
-              program rows l + 8 i (i < ROWS / 8) of the MMA layouts; with the plan option ADJACENT_ROWS program
-              row l + 8 i is weight row l * ROWS / 8 + i, so a thread's rows are adjacent in memory and its scales
-              and zeros of a group come in one vector load each (its word loads then touch 8 lines, not 4)
+              so that the token blocks of one weight tile launch together and share its words through L2 (two
+              programs of BLOCK_M 8 at M = 16 beat one of 16 and the Triton plans on the small shapes, NOTES v37). A
+              thread holds program rows l + 8 i (i < ROWS / 8) of the MMA layouts; with the plan option ADJACENT_ROWS
+              program row l + 8 i is weight row l * ROWS / 8 + i, so a thread's rows are adjacent in memory and its
+              scales and zeros of a group come in one vector load each (its word loads then touch 8 lines, not 4)
     warp w    the K blocks w, w + WARPS, w + 2 WARPS, ... of those rows: its words, x's block, the scales and
               zeros go from global memory straight into registers, issued AHEAD blocks before their use (an
               unrolled register ring; x's at its use with the plan option X_AT_USE; the words under an L2
