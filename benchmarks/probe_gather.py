@@ -25,7 +25,7 @@ def time_chunks(kernel, ms, out) -> None:
     rows = []
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for k in (4096, 8192, 14336, 28672):
-        block = 1 << (k - 1).bit_length()
+        block = kernel.gather._row_block(k)
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.float16)
             perm = torch.randperm(k, device="cuda")

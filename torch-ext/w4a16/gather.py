@@ -16,6 +16,8 @@ tuned option GATHER_PDL of gemm.py).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -77,9 +79,11 @@ def _row_block(k: int) -> int:
     return max(_MIN_CHUNK, 1 << (k - 1).bit_length())
 
 
+@functools.lru_cache(maxsize=4096)
 def gather_chunk(m: int, k: int, programs: int) -> int:
     """The output columns per program for x [m, k] on a GPU of `programs` SMs: the smallest power of two from
-    1024 (at most the row block) for which m rows give no more programs than SMs (one wave; NOTES v36)."""
+    1024 (at most the row block) for which m rows give no more programs than SMs (one wave; NOTES v36). Memoised:
+    every act-order call asks."""
     block = _row_block(k)
     chunk = _MIN_CHUNK
     while chunk < block and m * -(-k // chunk) > programs:

@@ -491,6 +491,10 @@ def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int,
         raise ValueError(f"config BLOCK_M must be one of {DECODE_BLOCK_M} for path 'decode', got {block_m!r}")
     if rows not in DECODE_ROWS:
         raise ValueError(f"config ROWS must be one of {DECODE_ROWS} for path 'decode', got {rows!r}")
+    tokens_first = bool(cfg.get("TOKENS_FIRST", False))
+    if tokens_first and -(-out_features // rows) > 65535:  # the weight tiles then on the grid's second axis (CUDA's limit)
+        raise ValueError(f"w4a16: the decode plan option TOKENS_FIRST takes N <= {65535 * rows} at ROWS {rows}, "
+                         f"got N={out_features}")
     if warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"config num_warps must be a power of two <= 16 for path 'decode', got {warps!r}")
     if ahead not in (1, 2, 3):
@@ -504,7 +508,7 @@ def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int,
                       PARAMS_VECTOR=adjacent and out_features % (rows // 8) == 0,
                       ZEROS_BY_X_SUM=bool(cfg.get("ZEROS_BY_X_SUM", False)), X_AT_USE=bool(cfg.get("X_AT_USE", False)),
                       WAIT_PRIOR=wait_prior, EVICT_FIRST=bool(cfg.get("EVICT_FIRST", False)),
-                      TOKENS_FIRST=bool(cfg.get("TOKENS_FIRST", False)))
+                      TOKENS_FIRST=tokens_first)
     maxnreg = cfg.get("maxnreg")
     options = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {}), **({"launch_pdl": True} if wait_prior else {})}
     return constexprs, options
@@ -559,10 +563,7 @@ def _launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int
     n = scales.shape[1]
     run = _decode_launch(plan, m, k, n, group_size, zeros is None)
     grid = (-(-n // run.rows), -(-m // run.block_m))
-    if run.tokens_first:
-        if grid[0] > 65535:  # CUDA's limit on a grid's second dimension
-            raise ValueError(f"w4a16: the decode plan option TOKENS_FIRST takes N <= {65535 * run.rows} at ROWS {run.rows}, "
-                             f"got N={n}")
+    if run.tokens_first:  # (N checked against the grid's second axis when the launch was made, `_launch_config`)
         grid = grid[::-1]
     if not available(x2.device):
         raise RuntimeError(f"{_UNAVAILABLE}; x is on {x2.device}")
