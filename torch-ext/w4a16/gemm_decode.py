@@ -15,8 +15,8 @@ output tile, and nothing is shared inside the loop:
               scales and zeros of a group come in one vector load each (its word loads then touch 8 lines, not 4)
     warp w    the K blocks w, w + WARPS, w + 2 WARPS, ... of those rows: its words, x's block, the scales and
               zeros go from global memory straight into registers, issued AHEAD blocks before their use (an
-              unrolled register ring; x's at its use with the plan option X_AT_USE; the words under an L2
-              evict-first policy with EVICT_FIRST); unpacked into mma.sync A
+              unrolled register ring; x's at its use with the plan option X_AT_USE; the words under L1 and L2
+              evict-first policies with EVICT_FIRST); unpacked into mma.sync A
               fragments (one shr + lop3 per word and nibble pair, the layout making the rest register relabelling)
               of q - z (integer or symmetric zeros: one more fma per word, exact), acc += s * ((q - z) . x) per
               scale group; or of C + q, acc += s * ((C + q) . x) - s (z + C) sum(x), the x sums from MMAs on an
@@ -212,7 +212,8 @@ if HAVE_GLUON:
     @gluon.jit
     def _load_words(qw_base, step, kb_w, num_kb, WARPS: gl.constexpr, EVICT_FIRST: gl.constexpr):
         """The words of block kb = step * WARPS + w of each warp w (a block past K reads the last block again); with
-        EVICT_FIRST under an L2 evict-first policy (streamed once)."""
+        EVICT_FIRST under evict-first policies (streamed once): Triton's evict_first is `ld.global.L1::evict_first` with
+        an L2 evict-first cache hint, so the words leave L1 first too, where x's blocks are shared by the SM's programs."""
         POLICY: gl.constexpr = "evict_first" if EVICT_FIRST else ""
         return gl.load(qw_base + gl.minimum(step * WARPS + kb_w, num_kb - 1) * 1024, eviction_policy=POLICY)
 
@@ -305,8 +306,8 @@ if HAVE_GLUON:
         uses it, not AHEAD steps before with the weights' (x comes from L1 / L2, a shorter wait than the words', and
         its registers, 16 a step at BLOCK_M 8, are not held across steps). WAIT_PRIOR: launched as a programmatic
         dependent of act-order's gather of x (plan option GATHER_PDL): x's loads wait for it (griddepcontrol.wait);
-        the words, scales and zeros of the first blocks need not. EVICT_FIRST: the words loaded under an L2
-        evict-first policy (read once; it won on most large shapes and lost on some small ones, NOTES v35)."""
+        the words, scales and zeros of the first blocks need not. EVICT_FIRST: the words loaded under L1 and L2
+        evict-first policies (read once; it won on most large shapes and lost on some small ones, NOTES v35, v38)."""
         # integer zeros (uint8: 0..127, layout.py) and symmetric weights subtract the zero in the operand (one fma
         # per word, exact), which spares the x sums' MMAs (a third of them at BLOCK_M 8, for 13% more instructions);
         # fractional (float) zeros fold it through them
