@@ -7,7 +7,8 @@ GPU time per call: CUDA-graph replay over rotating weight copies (> 3x L2), medi
 implementation) of a shape is timed --rounds times (default 3), interleaved, and a row keeps the median.
 Eager wall time per call at M = 1 (`<impl>_eager`). Prints a table (us, x fp16, GB/s, % of 4.2 TB/s)
 and writes JSON {gpu, torch, triton, commit, date, rows}; rows carry shape, N, K, M, impl, us and,
-for w4a16, dtype, group_size, symmetric, act_order and the plan.
+for w4a16, dtype, group_size, symmetric, act_order and the plan; where nvidia-smi runs, also each round's mean SM
+clock (`sm_mhz_rounds`) and share of clock samples under a power or thermal limit (`clock_limited_rounds`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -61,20 +63,27 @@ class Timed:
     rel_err: float | None = None  # ours: against a float64 reference (check_w4a16)
 
 
-def bench_shape(kernel, shape, ms, variants, rows, rounds=3, eager_m1=True, ours_only=False):
+def bench_shape(kernel, shape, ms, variants, rows, rounds=3, eager_m1=True, ours_only=False, clocks=None):
     """Every implementation on `shape` at every M, `rounds` times over: a round times each (M, implementation) once,
     back to back, and a row's `us` is the median of its rounds (all of them in `us_rounds`). The GPU runs a shape up to
     10-20% slower for a while in some runs (NOTES v30): timed interleaved, cuBLAS and ours share that state, and one
-    slow stretch moves one round, not the median."""
+    slow stretch moves one round, not the median. With `clocks` (a timing.ClockLog) each row also says at what SM
+    clock its rounds ran (`sm_mhz_rounds`) and what share of the samples had the clock held down by a power or thermal
+    limit (`clock_limited_rounds`): the H200 reaches its power cap under these replays (NOTES v38)."""
     n, k, name = shape["N"], shape["K"], shape["name"]
     timed = ([] if ours_only else baselines(shape, eager_m1)) + ours(kernel, shape, variants, eager_m1 and not ours_only)
     times: dict = {}
+    windows: dict = {}  # (i, m) -> [(start, end)] of each round's timing, host clock
     for _ in range(rounds):
         for m in ms:
             for i, t in enumerate(timed):
                 if m <= t.max_m:
                     x = torch.randn(m, k, device="cuda", dtype=t.dtype)
+                    start = time.time()
                     times.setdefault((i, m), []).append(timing.gpu_time_us([lambda w=w: t.call(x, w) for w in t.weights]))
+                    windows.setdefault((i, m), []).append((start, time.time()))
+    if clocks is not None:
+        clocks.settle()
     base = dict(shape=name, N=n, K=k)
     for m in ms:
         for i, t in enumerate(timed):
@@ -82,6 +91,11 @@ def bench_shape(kernel, shape, ms, variants, rows, rounds=3, eager_m1=True, ours
                 continue
             us_rounds = times[(i, m)]
             extra = ({"plan": str(kernel.plan_for(t.weights[0], m, t.dtype)), "rel_err": t.rel_err} if t.impl == "w4a16" else {})
+            if clocks is not None:
+                seen = [clocks.window(*span) for span in windows[(i, m)]]
+                if all(seen):
+                    extra.update(sm_mhz_rounds=[c["sm_mhz"] for c in seen],
+                                 clock_limited_rounds=[c["limited"] for c in seen])
             rows.append(dict(base, M=m, impl=t.impl, us=statistics.median(us_rounds), us_rounds=us_rounds, **t.fields, **extra))
             if m == 1 and t.eager_m1:
                 x = torch.randn(m, k, device="cuda", dtype=t.dtype)
@@ -170,10 +184,11 @@ def main() -> None:
     rows: list = []
     old = json.loads(Path(args.out).read_text()) if (args.merge and args.out and Path(args.out).exists()) else {"rows": []}
     old_rows, old_commit = old["rows"], old.get("commit", "unknown")
-    for shape in timing.select_shapes(args.shapes, shapes_data):
-        bench_shape(kernel, shape, ms, variants, rows, args.rounds, ours_only=args.ours_only)
-        if args.out:  # after every shape, so a run cut short keeps what it measured
-            write_results(Path(args.out), rows, old_rows, old_commit)
+    with timing.ClockLog() as clocks:
+        for shape in timing.select_shapes(args.shapes, shapes_data):
+            bench_shape(kernel, shape, ms, variants, rows, args.rounds, ours_only=args.ours_only, clocks=clocks)
+            if args.out:  # after every shape, so a run cut short keeps what it measured
+                write_results(Path(args.out), rows, old_rows, old_commit)
     print_table(rows)
     summary(rows)
 

@@ -9,9 +9,11 @@ import datetime
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -112,6 +114,80 @@ def gpu_time_us(calls, replays: int = 15, min_calls: int = 24, warm_s: float = 0
         times.append(start.elapsed_time(end) * 1000.0 / n)
     del graph
     return statistics.median(times)
+
+
+# clocks_event_reasons bits that mean the SM clock was held down: SW power cap, HW slowdown, SW thermal, HW thermal,
+# HW power brake (nvidia-smi -q names them; idle and application-clock settings are not limits)
+CLOCK_LIMIT_BITS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+
+
+def parse_clock_sample(line: str):
+    """One line of `nvidia-smi --query-gpu=timestamp,clocks.sm,clocks_event_reasons.active --format=csv,noheader,
+    nounits` -> (epoch seconds, SM MHz, reasons bitmask), or None for anything else (a header, an error line)."""
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) != 3:
+        return None
+    try:
+        t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+        return t, float(parts[1]), int(parts[2], 16)
+    except ValueError:
+        return None
+
+
+class ClockLog:
+    """The GPU's SM clock and clock-limit reasons sampled every `period_ms` by `nvidia-smi -lms` in the background,
+    so that each timing can say at what clock it ran: under the benchmark's back-to-back replays the H200 hits its
+    power cap and the SM clock moves between ~1.5 and 1.98 GHz (NOTES v38). A no-op where nvidia-smi is missing.
+    Use as a context manager; `window(t0, t1)` (time.time() bounds) summarises the samples between them (a window
+    shorter than the period may hold none: bench_gemm.py then leaves the row without the record)."""
+
+    QUERY = "timestamp,clocks.sm,clocks_event_reasons.active"
+
+    def __init__(self, period_ms: int = 50):
+        self.period_ms = period_ms
+        self.samples: list = []
+        self._proc = None
+        self._reader = None
+
+    def __enter__(self):
+        smi = shutil.which("nvidia-smi")
+        if smi is not None and torch.cuda.is_available():
+            uuid = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", None)
+            select = ["-i", f"GPU-{uuid}"] if uuid is not None else []
+            line_buffered = ["stdbuf", "-oL"] if shutil.which("stdbuf") else []  # (samples as they come, not at exit)
+            self._proc = subprocess.Popen(line_buffered + [smi, *select, f"--query-gpu={self.QUERY}",
+                                                           "--format=csv,noheader,nounits", "-lms", str(self.period_ms)],
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            self._reader = threading.Thread(target=self._read, daemon=True)
+            self._reader.start()
+        return self
+
+    def _read(self):
+        for line in self._proc.stdout:
+            sample = parse_clock_sample(line)
+            if sample is not None:
+                self.samples.append(sample)
+
+    def __exit__(self, *exc):
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait()
+            self._reader.join(timeout=5)
+        return False
+
+    def settle(self) -> None:
+        """Wait two sampling periods, so that the samples of a timing that just ended have arrived."""
+        if self._proc is not None:
+            time.sleep(2 * self.period_ms / 1000)
+
+    def window(self, t0: float, t1: float):
+        """{"sm_mhz": mean SM clock, "limited": share of samples with a power / thermal clock limit} of the samples in
+        [t0, t1], or None without samples there."""
+        inside = [(mhz, reasons) for t, mhz, reasons in list(self.samples) if t0 <= t <= t1]
+        if not inside:
+            return None
+        return {"sm_mhz": round(statistics.fmean(mhz for mhz, _ in inside)),
+                "limited": round(sum(1 for _, r in inside if r & CLOCK_LIMIT_BITS) / len(inside), 2)}
 
 
 def eager_wall_us(fn, iters: int = 200, repeats: int = 5) -> float:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -281,6 +282,34 @@ def test_shape_selection_takes_names_and_literal_shapes():
     for bad in ("8B.nope", "head=128256*4096", "head=x4096"):
         with pytest.raises(SystemExit, match="--shapes"):
             timing.select_shapes(bad, data)
+
+
+@pytest.mark.kernels_ci
+def test_clock_log_summarises_the_samples_of_each_timing():
+    """bench_gemm.py's clock record: nvidia-smi's CSV lines parse into (time, SM MHz, limit reasons), anything else is
+    skipped; a timing's window gives the mean clock and the share of samples held down by a power or thermal limit
+    (SW power cap 0x4 is one; idle 0x1 is not), and None where no sample fell inside; without nvidia-smi or a GPU the
+    log is a no-op."""
+    _tune_module()  # puts benchmarks/ on sys.path
+    import datetime
+
+    import timing
+
+    t, mhz, reasons = timing.parse_clock_sample("2026/12/01 07:11:30.885, 1965, 0x0000000000000004\n")
+    assert t == pytest.approx(datetime.datetime(2026, 12, 1, 7, 11, 30, 885000).timestamp())
+    assert (mhz, reasons) == (1965.0, 4)
+    for other in ("timestamp, clocks.current.sm [MHz], clocks_event_reasons.active", "No devices were found", ""):
+        assert timing.parse_clock_sample(other) is None
+    log = timing.ClockLog()
+    log.samples = [(10.0, 1980.0, 0x1), (10.1, 1800.0, 0x4), (10.2, 1500.0, 0x4 | 0x1), (10.3, 1980.0, 0x0),
+                   (11.0, 900.0, 0x4)]
+    assert log.window(10.0, 10.3) == {"sm_mhz": 1815, "limited": 0.5}
+    assert log.window(10.05, 10.15) == {"sm_mhz": 1800, "limited": 1.0}
+    assert log.window(10.4, 10.9) is None
+    if shutil.which("nvidia-smi") is None:
+        with timing.ClockLog() as idle:
+            idle.settle()
+        assert idle.samples == [] and idle.window(0.0, 1e12) is None
 
 
 @pytest.mark.kernels_ci
