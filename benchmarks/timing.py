@@ -137,7 +137,8 @@ def parse_clock_sample(line: str):
 class ClockLog:
     """The GPU's SM clock and clock-limit reasons sampled every `period_ms` by `nvidia-smi -lms` in the background,
     so that each timing can say at what clock it ran: under the benchmark's back-to-back replays the H200 hits its
-    power cap and the SM clock moves between ~1.5 and 1.98 GHz (NOTES v38). A no-op where nvidia-smi is missing.
+    power cap and the SM clock moves between ~1.5 and 1.98 GHz (NOTES v38). A no-op where nvidia-smi is missing, and
+    without samples where it does not know the query (older drivers name the reasons clocks_throttle_reasons).
     Use as a context manager; `window(t0, t1)` (time.time() bounds) summarises the samples between them (a window
     shorter than the period may hold none: bench_gemm.py then leaves the row without the record)."""
 
