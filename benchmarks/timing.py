@@ -139,8 +139,7 @@ class ClockLog:
     so that each timing can say at what clock it ran: under the benchmark's back-to-back replays the H200 hits its
     power cap and the SM clock moves between ~1.5 and 1.98 GHz (NOTES v38). A no-op where nvidia-smi is missing, and
     without samples where it does not know the query (older drivers name the reasons clocks_throttle_reasons).
-    Use as a context manager; `window(t0, t1)` (time.time() bounds) summarises the samples between them (a window
-    shorter than the period may hold none: bench_gemm.py then leaves the row without the record)."""
+    Use as a context manager; `window(t0, t1)` (time.time() bounds) summarises the samples between them."""
 
     QUERY = "timestamp,clocks.sm,clocks_event_reasons.active"
 
@@ -183,8 +182,12 @@ class ClockLog:
 
     def window(self, t0: float, t1: float):
         """{"sm_mhz": mean SM clock, "limited": share of samples with a power / thermal clock limit} of the samples in
-        [t0, t1], or None without samples there."""
-        inside = [(mhz, reasons) for t, mhz, reasons in list(self.samples) if t0 <= t <= t1]
+        [t0, t1], or of the first one within a period after t1 when none fell inside (a timing shorter than the
+        period: the clock just after it), or None."""
+        samples = list(self.samples)
+        inside = [(mhz, reasons) for t, mhz, reasons in samples if t0 <= t <= t1]
+        if not inside:
+            inside = [(mhz, reasons) for t, mhz, reasons in samples if t1 < t <= t1 + self.period_ms / 1000][:1]
         if not inside:
             return None
         return {"sm_mhz": round(statistics.fmean(mhz for mhz, _ in inside)),

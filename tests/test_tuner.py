@@ -288,8 +288,8 @@ def test_shape_selection_takes_names_and_literal_shapes():
 def test_clock_log_summarises_the_samples_of_each_timing():
     """bench_gemm.py's clock record: nvidia-smi's CSV lines parse into (time, SM MHz, limit reasons), anything else is
     skipped; a timing's window gives the mean clock and the share of samples held down by a power or thermal limit
-    (SW power cap 0x4 is one; idle 0x1 is not), and None where no sample fell inside; without nvidia-smi or a GPU the
-    log is a no-op."""
+    (SW power cap 0x4 is one; idle 0x1 is not), the first sample after it when none fell inside and that one came
+    within a period, else None; without nvidia-smi or a GPU the log is a no-op."""
     _tune_module()  # puts benchmarks/ on sys.path
     import datetime
 
@@ -305,7 +305,8 @@ def test_clock_log_summarises_the_samples_of_each_timing():
                    (11.0, 900.0, 0x4)]
     assert log.window(10.0, 10.3) == {"sm_mhz": 1815, "limited": 0.5}
     assert log.window(10.05, 10.15) == {"sm_mhz": 1800, "limited": 1.0}
-    assert log.window(10.4, 10.9) is None
+    assert log.window(10.16, 10.18) == {"sm_mhz": 1500, "limited": 1.0}  # none inside: the next one, 20 ms later
+    assert log.window(10.4, 10.9) is None  # none inside, the next one 100 ms later (more than a 50 ms period)
     if shutil.which("nvidia-smi") is None:
         with timing.ClockLog() as idle:
             idle.settle()
