@@ -72,16 +72,15 @@ def bench_shape(kernel, shape, ms, variants, rows, rounds=3, eager_m1=True, ours
     limit (`clock_limited_rounds`): the H200 reaches its power cap under these replays (NOTES v38)."""
     n, k, name = shape["N"], shape["K"], shape["name"]
     timed = ([] if ours_only else baselines(shape, eager_m1)) + ours(kernel, shape, variants, eager_m1 and not ours_only)
-    times: dict = {}
-    windows: dict = {}  # (i, m) -> [(start, end)] of each round's timing, host clock
+    timings: dict = {}  # (i, m) -> [(us, start, end)] per round, start / end on the host clock (time.time())
     for _ in range(rounds):
         for m in ms:
             for i, t in enumerate(timed):
                 if m <= t.max_m:
                     x = torch.randn(m, k, device="cuda", dtype=t.dtype)
                     start = time.time()
-                    times.setdefault((i, m), []).append(timing.gpu_time_us([lambda w=w: t.call(x, w) for w in t.weights]))
-                    windows.setdefault((i, m), []).append((start, time.time()))
+                    us = timing.gpu_time_us([lambda w=w: t.call(x, w) for w in t.weights])
+                    timings.setdefault((i, m), []).append((us, start, time.time()))
     if clocks is not None:
         clocks.settle()
     base = dict(shape=name, N=n, K=k)
@@ -89,10 +88,10 @@ def bench_shape(kernel, shape, ms, variants, rows, rounds=3, eager_m1=True, ours
         for i, t in enumerate(timed):
             if m > t.max_m:
                 continue
-            us_rounds = times[(i, m)]
+            us_rounds = [us for us, _, _ in timings[(i, m)]]
             extra = ({"plan": str(kernel.plan_for(t.weights[0], m, t.dtype)), "rel_err": t.rel_err} if t.impl == "w4a16" else {})
             if clocks is not None:
-                seen = [clocks.window(*span) for span in windows[(i, m)]]
+                seen = [clocks.window(start, end) for _, start, end in timings[(i, m)]]
                 if all(seen):
                     extra.update(sm_mhz_rounds=[c["sm_mhz"] for c in seen],
                                  clock_limited_rounds=[c["limited"] for c in seen])

@@ -461,12 +461,17 @@ if HAVE_GLUON:
 
 @dataclass(frozen=True)
 class _DecodeLaunch:
-    """A decode plan's launch for one weight format, made once and kept in `plan.launches`."""
+    """A decode plan's launch for one weight format and shape, made once and kept in `plan.launches`: the weight
+    tiles' grid dimension (cdiv(N, ROWS)) is fixed by the shape, a call adds its token blocks."""
 
-    rows: int
+    weight_tiles: int
     block_m: int
     tokens_first: bool
     prepared: PreparedLaunch
+
+    def grid(self, m: int) -> tuple:
+        token_blocks = -(-m // self.block_m)
+        return (token_blocks, self.weight_tiles) if self.tokens_first else (self.weight_tiles, token_blocks)
 
 
 _TENSOR_ARGS = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "y_ptr")
@@ -531,8 +536,8 @@ def _decode_launch(plan, m: int, in_features: int, out_features: int, group_size
         constexprs, options = _launch_config(plan.config, block_m, in_features, out_features, group_size, symmetric)
         if not HAVE_GLUON:
             raise RuntimeError(_UNAVAILABLE)
-        run = plan.launches[key] = _DecodeLaunch(constexprs["ROWS"], block_m, constexprs["TOKENS_FIRST"], PreparedLaunch(
-            _decode_kernel, constexprs, options, _TENSOR_ARGS, _INT_ARGS))
+        run = plan.launches[key] = _DecodeLaunch(-(-out_features // constexprs["ROWS"]), block_m, constexprs["TOKENS_FIRST"],
+                                                 PreparedLaunch(_decode_kernel, constexprs, options, _TENSOR_ARGS, _INT_ARGS))
     return run
 
 
@@ -562,10 +567,8 @@ def _launch_decode(x2, qweight, scales, zeros, in_features: int, group_size: int
     if qweight.numel() >= 2**31 or scales.numel() >= 2**31:  # the kernel's word and scale offsets are int32
         raise ValueError(f"w4a16: path 'decode' takes weights of < 2**31 words and scales, got N={scales.shape[1]}, K={k}")
     n = scales.shape[1]
-    run = _decode_launch(plan, m, k, n, group_size, zeros is None)
-    grid = (-(-n // run.rows), -(-m // run.block_m))
-    if run.tokens_first:  # (N checked against the grid's second axis when the launch was made, `_launch_config`)
-        grid = grid[::-1]
+    run = _decode_launch(plan, m, k, n, group_size, zeros is None)  # (TOKENS_FIRST's limit on N checked when it was made)
+    grid = run.grid(m)
     if not available(x2.device):
         raise RuntimeError(f"{_UNAVAILABLE}; x is on {x2.device}")
     if x2.data_ptr() % 4 or x2.stride(0) % 2 or x2.stride(1) != 1:  # x is read as 32-bit row pairs
