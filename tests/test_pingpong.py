@@ -22,16 +22,16 @@ def _on_hopper() -> bool:
     (torch.float16, False, torch.uint8, 128, 256, 1, "counted"),  # group 256; one consumer per program, maxnreg 128
     (torch.bfloat16, False, torch.uint8, 128, 4096, 2, "whole"),  # per-channel (one group spanning K = 4096)
 ])
-@pytest.mark.parametrize("unpack_ahead,ahead", [(False, 0), (True, 0), (False, 3)])
+@pytest.mark.parametrize("unpack_ahead", [False, True])
 def test_pingpong_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmetric, zeros_dtype, block_m, group_size,
-                                    consumers, reduction, unpack_ahead, ahead):
+                                    consumers, reduction, unpack_ahead):
     pingpong = w4a16.gemm_pingpong
     if not pingpong.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     compiled = pingpong.compile_for_sm90(dtype, block_m, 3 if block_m < 256 else 2, symmetric, zeros_dtype,
                                          group_size=group_size, in_features=4096, consumers=consumers,
                                          maxnreg=128 if consumers == 1 else None, shared_tiles=reduction != "whole",
-                                         unpack_ahead=unpack_ahead, spread=4 if reduction == "spread" else 0, ahead=ahead)
+                                         unpack_ahead=unpack_ahead, spread=4 if reduction == "spread" else 0)
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx  # tensor cores fed by TMA
     assert "setmaxnreg" in ptx  # the partitions got their register budgets
@@ -107,10 +107,6 @@ def test_pingpong_refuses_what_it_cannot_run(w4a16, device):
             call({"PROGRAMS": 4, "SPLIT_K": 2})
         with pytest.raises(ValueError, match="BLOCK_M must be 64, 128 or 256"):  # (32: its shared tiles went unreduced)
             call({"BLOCK_M": 32, "SPLIT_K": 2})
-        with pytest.raises(ValueError, match="AHEAD must be one of"):
-            call({"AHEAD": 5})
-        with pytest.raises(ValueError, match="AHEAD must be one of"):  # two ways of holding the next blocks: not both
-            call({"AHEAD": 2, "UNPACK_AHEAD": True})
 
 
 @pytest.mark.skipif(not _on_hopper(), reason="the Gluon kernel needs an sm_90 GPU")
@@ -137,13 +133,6 @@ def test_pingpong_refuses_what_it_cannot_run(w4a16, device):
     {"BLOCK_M": 128, "num_stages": 3, "PROGRAMS": 5, "UNPACK_AHEAD": True},
     {"BLOCK_M": 64, "num_stages": 4, "PROGRAMS": 7, "CONSUMERS": 1, "maxnreg": 128, "UNPACK_AHEAD": True},
     {"BLOCK_M": 256, "num_stages": 2, "SPLIT_K": 1, "UNPACK_AHEAD": True},
-    # AHEAD blocks' words in flight (slots refilled in place): segments shorter than, equal to and longer than the
-    # unrolled AHEAD + 1 steps, with their last blocks after the loop
-    {"BLOCK_M": 64, "num_stages": 4, "SPLIT_K": 1, "AHEAD": 2},
-    {"BLOCK_M": 128, "num_stages": 3, "SPLIT_K": 3, "AHEAD": 3},
-    {"BLOCK_M": 128, "num_stages": 3, "PROGRAMS": 5, "AHEAD": 1},
-    {"BLOCK_M": 64, "num_stages": 4, "PROGRAMS": 7, "CONSUMERS": 1, "maxnreg": 128, "AHEAD": 2},
-    {"BLOCK_M": 256, "num_stages": 2, "SPLIT_K": 2, "AHEAD": 4},
 ])
 def test_pingpong_matches_reference(w4a16, dtype, k, n, group_size, symmetric, fractional, config):
     weight, ref = random_layer(w4a16, k, n, group_size, symmetric, dtype, "cuda", seed=21, fractional_zeros=fractional)
@@ -151,14 +140,13 @@ def test_pingpong_matches_reference(w4a16, dtype, k, n, group_size, symmetric, f
 
 
 @pytest.mark.skipif(not _on_hopper(), reason="the Gluon kernel needs an sm_90 GPU")
-@pytest.mark.parametrize("programs,consumers,unpack_ahead,ahead", [(37, 2, False, 0), (132, 2, False, 0), (264, 1, False, 0),
-                                                                     (37, 2, True, 0), (264, 1, True, 0), (37, 2, False, 2),
-                                                                     (264, 1, False, 3)])
-def test_pingpong_stream_k_many_contributors(w4a16, programs, consumers, unpack_ahead, ahead):
+@pytest.mark.parametrize("programs,consumers,unpack_ahead", [(37, 2, False), (132, 2, False), (264, 1, False), (37, 2, True),
+                                                               (264, 1, True)])
+def test_pingpong_stream_k_many_contributors(w4a16, programs, consumers, unpack_ahead):
     """A persistent grid on few tiles: each tile's 24 K blocks are shared by many programs (one or two units each),
     and segments cross tile boundaries; the reduction must still sum every partial once, in order."""
     weight, ref = random_layer(w4a16, 3072, 200, 128, False, torch.float16, "cuda", seed=31)
-    config = {"BLOCK_M": 64, "num_stages": 4, "PROGRAMS": programs, "UNPACK_AHEAD": unpack_ahead, "AHEAD": ahead,
+    config = {"BLOCK_M": 64, "num_stages": 4, "PROGRAMS": programs, "UNPACK_AHEAD": unpack_ahead,
               **({"CONSUMERS": 1, "maxnreg": 128} if consumers == 1 else {})}
     assert_path_matches_reference(w4a16, weight, ref, ("pingpong", config), torch.float16, "cuda", (1, 64, 130), seed=32)
 

@@ -20,8 +20,7 @@ Paths:
                Its entries carry FALLBACK, as pingpong's do (no Gluon, AMD)
     pingpong   Hopper warp-specialised kernel (Gluon, gemm_pingpong.py), mid and large M: consumer
                warpgroups (CONSUMERS, 2 or 1) unpack and multiply while a loader warp streams x by TMA;
-               BLOCK_M, num_stages, SPLIT_K or PROGRAMS (a persistent Stream-K grid, as streamk's), AHEAD (blocks
-               of words in flight; absent: the rotating pair), UNPACK_AHEAD. Its
+               BLOCK_M, num_stages, SPLIT_K or PROGRAMS (a persistent Stream-K grid, as streamk's). Its
                entries carry FALLBACK, the plan for where it cannot run
                (no Gluon, not sm_90: AMD, older Tritons, other NVIDIA GPUs)
     dense      dequantize into a scratch [N, K] fp16/bf16 buffer (N*K*2 bytes, freed after the

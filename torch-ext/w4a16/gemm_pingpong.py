@@ -210,7 +210,7 @@ if HAVE_GLUON:
     def _accumulate(word_ptrs, s_ptr, z_ptr, x_smem, x_ready, empty, n, n_ok, N, block_start, block_end, ring_start,
                     num_groups, a_layout: gl.constexpr, mma_layout: gl.constexpr, BLOCK_M: gl.constexpr,
                     STAGES: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr,
-                    UNPACK_AHEAD: gl.constexpr, AHEAD: gl.constexpr):
+                    UNPACK_AHEAD: gl.constexpr):
         """acc [64, BLOCK_M] fp32 over K blocks [block_start, block_end) of one weight tile's 64 rows: words (and
         scale / zero) loaded two blocks ahead into registers, unpacked into the A operands, two wgmma (K = 64
         each) against x's stage, wait, release the stage (UNPACK_AHEAD: the next block unpacked before that wait).
@@ -222,14 +222,8 @@ if HAVE_GLUON:
         # blocks block_start and block_start + 1 in flight before the loop; each step fetches the one two ahead
         # (clamped to the segment's last block: the tail re-reads it instead of reading past the range)
         fetch = (word_ptrs, s_ptr, z_ptr, n, n_ok, N, num_groups)
-        if AHEAD == 0:
-            ring = (_load_block(fetch, block_start, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP),
-                    _load_block(fetch, gl.minimum(block_start + 1, block_end - 1), SYMMETRIC, GROUPS, BLOCKS_PER_GROUP))
-        else:
-            ring = ()
-            for j in gl.static_range(AHEAD):
-                ring = ring + (_load_block(fetch, gl.minimum(block_start + j, block_end - 1), SYMMETRIC, GROUPS,
-                                           BLOCKS_PER_GROUP),)
+        ring = (_load_block(fetch, block_start, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP),
+                _load_block(fetch, gl.minimum(block_start + 1, block_end - 1), SYMMETRIC, GROUPS, BLOCKS_PER_GROUP))
         acc = gl.zeros([64, BLOCK_M], gl.float32, layout=mma_layout)
         if UNPACK_AHEAD:
             # block b + 1 unpacked while block b's MMAs run, into the other of two operand sets (unrolled by two:
@@ -257,7 +251,7 @@ if HAVE_GLUON:
                 acc = _issue_block_mmas(a_lo, a_hi, acc, x_smem, x_ready, i, STAGES)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
                 mbarrier.arrive(empty.index(i % STAGES), count=1)
-        elif AHEAD == 0:
+        else:
             for kb in range(block_start, block_end):
                 i = ring_start + kb - block_start
                 block, ring = _advance(ring, fetch, gl.minimum(kb + 2, block_end - 1), SYMMETRIC, GROUPS, BLOCKS_PER_GROUP)
@@ -266,57 +260,7 @@ if HAVE_GLUON:
                 acc = _issue_block_mmas(a_lo, a_hi, acc, x_smem, x_ready, i, STAGES)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
                 mbarrier.arrive(empty.index(i % STAGES), count=1)
-        else:
-            # AHEAD blocks in flight: a step issues the load of the block AHEAD ahead into the slot the step before
-            # emptied, then unpacks its own (the loop unrolled by AHEAD + 1 slots, as gemm_decode.py's ring). The
-            # rotating pair above moves each slot's registers on every step, and that move waits for the load issued
-            # one step before, so only one block is really in flight there. No runtime branch inside the loop (its
-            # yields would move the slots too): the last blocks, already in the ring, go after it.
-            extra = ring[0]
-            steps = (block_end - block_start) // (AHEAD + 1) * (AHEAD + 1)
-            for kb0 in range(block_start, block_start + steps, AHEAD + 1):
-                for j in gl.static_range(AHEAD + 1):
-                    kb = kb0 + j
-                    fresh = _load_block(fetch, gl.minimum(kb + AHEAD, block_end - 1), SYMMETRIC, GROUPS, BLOCKS_PER_GROUP)
-                    if j == 0:
-                        current = ring[0]
-                        extra = fresh
-                    else:
-                        current = extra if j == AHEAD else ring[j]
-                        ring = _refill(ring, j - 1, fresh, AHEAD)
-                    acc = _block_step(current, acc, x_smem, x_ready, empty, ring_start + kb - block_start, a_layout,
-                                      dtype, STAGES, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
-            for j in gl.static_range(AHEAD):  # the last (block_end - block_start) % (AHEAD + 1) blocks: ring[0 ..]
-                kb = block_start + steps + j
-                if kb < block_end:
-                    acc = _block_step(ring[j], acc, x_smem, x_ready, empty, ring_start + kb - block_start, a_layout,
-                                      dtype, STAGES, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
         return acc
-
-    @gluon.jit
-    def _block_step(block, acc, x_smem, x_ready, empty, i, a_layout: gl.constexpr, dtype: gl.constexpr, STAGES: gl.constexpr,
-                    SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, MAGIC: gl.constexpr, MAGIC_VALUE: gl.constexpr,
-                    PAIR: gl.constexpr):
-        """One K block (words, scales, zeros) at x's ring position i: unpacked, multiplied, waited for, x's stage
-        released."""
-        words, s, z = block
-        a_lo, a_hi = _operands(words.to(gl.uint32, bitcast=True), s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC,
-                               MAGIC_VALUE, PAIR)
-        acc = _issue_block_mmas(a_lo, a_hi, acc, x_smem, x_ready, i, STAGES)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-        mbarrier.arrive(empty.index(i % STAGES), count=1)
-        return acc
-
-    @gluon.jit
-    def _refill(ring, j: gl.constexpr, block, AHEAD: gl.constexpr):
-        """The ring with slot j replaced by `block` (the other slots' registers untouched)."""
-        refilled = ()
-        for t in gl.static_range(AHEAD):
-            if t == j:
-                refilled = refilled + (block,)
-            else:
-                refilled = refilled + (ring[t],)
-        return refilled
 
     @gluon.jit
     def _issue_block_mmas(a_lo, a_hi, acc, x_smem, x_ready, i, STAGES: gl.constexpr):
@@ -386,7 +330,7 @@ if HAVE_GLUON:
     def _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, num_groups,
                  stride_ym, unit, start, end, total, tiles_m, CONSUMER: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                  SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr, CONSUMERS: gl.constexpr,
-                 SHARED_TILES: gl.constexpr, UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr, AHEAD: gl.constexpr):
+                 SHARED_TILES: gl.constexpr, UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr):
         """The program's segment that begins at `unit` (a tile's run of K blocks, up to the tile's or the program's
         end), for rows CONSUMER * 64 .. + 63 of the tile: the accumulator, then y when the segment is the whole tile,
         else its fp32 partial and, for the tile's last arrival, the sum of the tile's partials in program order.
@@ -407,7 +351,7 @@ if HAVE_GLUON:
         word_ptrs = qw_ptr + row_tile.to(gl.int64) * num_kb * 1024 + (rows * 16)[:, None] + cols[None, :]
         acc = _accumulate(word_ptrs, s_ptr, z_ptr, x_smem, x_ready, empty, n, n < N, N, block_start, block_end, unit - start,
                           num_groups, a_layout, mma_layout, BLOCK_M, STAGES, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP,
-                          UNPACK_AHEAD, AHEAD)
+                          UNPACK_AHEAD)
 
         offs_n = row_tile * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
         offs_m = (tile % tiles_m) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
@@ -451,7 +395,7 @@ if HAVE_GLUON:
     def _consumer(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, num_groups,
                   stride_ym, CONSUMER: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SYMMETRIC: gl.constexpr,
                   GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr,
-                  UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr, AHEAD: gl.constexpr):
+                  UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr):
         """Rows CONSUMER * 64 .. + 63 of each weight tile in the program's units, one segment at a time."""
         start, end, total, tiles_m = _work_range(M, N, num_kb, BLOCK_M, CONSUMERS)
         if SHARED_TILES:
@@ -459,11 +403,11 @@ if HAVE_GLUON:
             while unit < end:
                 unit = _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, num_groups,
                                 stride_ym, unit, start, end, total, tiles_m, CONSUMER, BLOCK_M, STAGES, SYMMETRIC, GROUPS,
-                                BLOCKS_PER_GROUP, CONSUMERS, SHARED_TILES, UNPACK_AHEAD, SPREAD, AHEAD)
+                                BLOCKS_PER_GROUP, CONSUMERS, SHARED_TILES, UNPACK_AHEAD, SPREAD)
         else:  # one whole tile
             _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, num_groups,
                      stride_ym, start, start, end, total, tiles_m, CONSUMER, BLOCK_M, STAGES, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP,
-                     CONSUMERS, SHARED_TILES, UNPACK_AHEAD, SPREAD, AHEAD)
+                     CONSUMERS, SHARED_TILES, UNPACK_AHEAD, SPREAD)
 
     @gluon.jit
     def _x_loader(x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
@@ -487,7 +431,7 @@ if HAVE_GLUON:
     def _pingpong_kernel(x_desc, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, group_size, stride_ym,
                          BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr,
                          BLOCKS_PER_GROUP: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr,
-                         UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr, AHEAD: gl.constexpr):
+                         UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr):
         """y[M, N] = x[M, K] @ W[K, N]: see the module docstring for the contract, the work list and the partitions."""
         x_smem = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BLOCK_M, 64], x_desc.layout)
         x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -502,17 +446,17 @@ if HAVE_GLUON:
             gl.warp_specialize([
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, num_groups,
                              stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, CONSUMERS, SHARED_TILES,
-                             UNPACK_AHEAD, SPREAD, AHEAD)),
+                             UNPACK_AHEAD, SPREAD)),
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, num_groups,
                              stride_ym, 1, BLOCK_M, STAGES, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, CONSUMERS, SHARED_TILES,
-                             UNPACK_AHEAD, SPREAD, AHEAD)),
+                             UNPACK_AHEAD, SPREAD)),
                 (_x_loader, (x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M, STAGES, CONSUMERS)),
             ], [4, 1], [_CONSUMER_REGS, 24])
         else:  # one consumer per program: two programs per SM (with maxnreg 128) ping-pong instead
             gl.warp_specialize([
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, num_groups,
                              stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, CONSUMERS, SHARED_TILES,
-                             UNPACK_AHEAD, SPREAD, AHEAD)),
+                             UNPACK_AHEAD, SPREAD)),
                 (_x_loader, (x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M, STAGES, CONSUMERS)),
             ], [1], [24])
 
@@ -551,7 +495,6 @@ class _PingpongLaunch:
 
 _TENSOR_ARGS = ("qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr")
 _INT_ARGS = ("M", "N", "K", "group_size", "stride_ym")
-_AHEADS = (0, 1, 2, 3, 4)  # AHEAD: blocks of words in flight in slots refilled in place (0: the rotating pair)
 _MOST_SPREAD = 4  # SPREAD's partials in flight per chunk (16 registers each)
 
 
@@ -585,13 +528,8 @@ def _pingpong_launch(plan, in_features: int, group_size: int, symmetric: bool) -
         block_m = cfg.get("BLOCK_M", 128)
         if block_m not in (64, 128, 256):  # the shared-tile reductions sum 64 / 32 tokens at a time
             raise ValueError(f"config BLOCK_M must be 64, 128 or 256 for path 'pingpong', got {block_m!r}")
-        ahead = cfg.get("AHEAD", 0)
-        if ahead not in _AHEADS or (ahead and cfg.get("UNPACK_AHEAD", False)):
-            raise ValueError(f"config AHEAD must be one of {_AHEADS} for path 'pingpong' (0: the rotating pair), and 0 with "
-                             f"UNPACK_AHEAD, got {cfg!r}")
         constexprs = dict(BLOCK_M=block_m, STAGES=cfg.get("num_stages", 4), CONSUMERS=consumers,
-                          UNPACK_AHEAD=cfg.get("UNPACK_AHEAD", False), AHEAD=ahead,
-                          **_format_constexprs(group_size, in_features, symmetric))
+                          UNPACK_AHEAD=cfg.get("UNPACK_AHEAD", False), **_format_constexprs(group_size, in_features, symmetric))
         prepared = plan.launches[key] = _PingpongLaunch(block_m, cfg.get("SPLIT_K", 1), programs, consumers, constexprs,
                                                         _compile_options(cfg.get("maxnreg")), {})
     return prepared
@@ -664,7 +602,7 @@ def _launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: i
 def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, stages: int = 4, symmetric: bool = False,
                      zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None, group_size: int = 128,
                      in_features: int = 4096, consumers: int = 2, maxnreg: int | None = None, shared_tiles: bool = True,
-                     unpack_ahead: bool = False, spread: int = 0, ahead: int = 0):
+                     unpack_ahead: bool = False, spread: int = 0):
     """Compile `_pingpong_kernel` for sm_90 without a GPU (CI runs this: Gluon API changes between Triton releases
     surface here), with the format's constexprs a launch would take (`_format_constexprs`). Returns Triton's compiled
     kernel (asm: ttgir, ptx, cubin)."""
@@ -678,6 +616,6 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, sta
                  "y_ptr": f"*{types[dtype]}", "part_ptr": "*fp32", "lock_ptr": "*i32",
                  "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_ym": "i32"}
     constexprs = {"BLOCK_M": block_m, "STAGES": stages, "CONSUMERS": consumers, "SHARED_TILES": shared_tiles,
-                  "UNPACK_AHEAD": unpack_ahead, "SPREAD": spread, "AHEAD": ahead, **_format_constexprs(group_size, in_features, symmetric)}
+                  "UNPACK_AHEAD": unpack_ahead, "SPREAD": spread, **_format_constexprs(group_size, in_features, symmetric)}
     return compile_gluon_for_sm90(_pingpong_kernel, signature, constexprs,
                                   ("qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr", "N", "K"), _compile_options(maxnreg))
