@@ -63,8 +63,8 @@ def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536, 
     if m <= 2:
         bm = 1 << (m - 1).bit_length()
         for bn, w, st in ((128, 4, 3), (256, 8, 3)):
-            for split in splits(-(-n // bn)):
-                yield "gemv", cfg(bn, bm, w, st, split)
+            for split in splits(-(-n // bn)):  # (the GEMV has no scale-in-operand form)
+                yield "gemv", {key: v for key, v in cfg(bn, bm, w, st, split).items() if key != "SCALE_IN_OPERAND"}
     if m <= 64:
         bm = 16 if m <= 16 else (32 if m <= 32 else 64)
         # ONE_TOKEN (M = 1, fold): the fold's x sums from x's single row (sm_90 SASS: loop 358 -> 310
@@ -132,7 +132,7 @@ def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536, 
         # rows) per program, two programs per SM: registers capped at 128 per thread at launch (the consumer takes 232 of
         # its program's share back), ring <= ~110 KB. Each with split-K and with Stream-K (one persistent program per
         # program slot sharing the (tile, K block) units evenly: no half-empty last wave).
-        for rows, per_sm, forms, extra in ((128, 1, ((64, 4), (64, 6), (128, 3), (128, 4), (256, 2), (256, 3)), {}),
+        for rows, per_sm, forms, extra in ((128, 1, ((64, 3), (64, 4), (64, 6), (128, 3), (128, 4), (256, 2), (256, 3)), {}),
                                            (64, 2, ((64, 4), (128, 2)), {"CONSUMERS": 1, "maxnreg": 128})):
             for bm, stages in forms:
                 if bm > 2 * m:

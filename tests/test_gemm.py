@@ -546,6 +546,11 @@ def test_dispatch_plans(w4a16):
     # note: free text on an entry; tuned_at: the commit the entry was measured on (newer entries)
     known = set(dispatch.CONFIG_KEYS) | {"N", "K", "M", "path", "us", "note", "tuned_at", "FALLBACK"}
     assert all(set(r) <= known for rows in table.values() for r in rows)
+    # ... and only keys its own path's launcher reads (as a forced config must), FALLBACK plans too
+    every = [r for rows in table.values() for r in rows] + [r for rows in by_format.values() for r in rows.values()]
+    every += [r["FALLBACK"] for r in every if "FALLBACK" in r]
+    misplaced = [(r["path"], sorted(set(dispatch.row_config(r)) - set(dispatch.PATH_CONFIG_KEYS[r["path"]]))) for r in every]
+    assert not [m for m in misplaced if m[1]], [m for m in misplaced if m[1]]
     stamps = [r["tuned_at"] for rows in table.values() for r in rows if "tuned_at" in r]
     stamps += [r["tuned_at"] for rows in by_format.values() for r in rows.values() if "tuned_at" in r]
     # a commit id, marked as tune.py's machine_info marks it (a table changed in-session, a dirty tree)
@@ -564,6 +569,11 @@ def test_dispatch_plans(w4a16):
     assert forced.config["SCALE_IN_OPERAND"] is True and forced.config["maxnreg"] == 128 and forced.config["SPLIT_K"] == 2
     with pytest.raises(ValueError, match="config keys"):
         dispatch.plan_gemm(1, 64, 256, 128, torch.float16, cpu, path="splitk", config={"BLOCK_K": 64})
+    # a key another path reads is refused too (it would run as a silent no-op): decode's, pingpong's, split-K's
+    for path, key, value in (("splitk", "X_AT_USE", True), ("pingpong", "GATHER_PDL", True), ("decode", "SPLIT_K", 2),
+                             ("streamk", "SPLIT_K", 2), ("gemv", "SCALE_IN_OPERAND", True), ("dense", "BLOCK_M", 64)):
+        with pytest.raises(ValueError, match=f"config keys for path '{path}' must be among .*'{key}'"):
+            dispatch.plan_gemm(1, 64, 256, 128, torch.float16, cpu, path=path, config={key: value})
     with pytest.raises(ValueError, match="forced path"):
         dispatch.plan_gemm(1, 64, 256, 128, torch.float16, cpu, config={"SPLIT_K": 4})
 

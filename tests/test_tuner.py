@@ -37,7 +37,7 @@ def test_candidates_are_accepted_configs(w4a16, m, n, k):
     assert plain
     for path, config in plain:
         assert path in dispatch.PATHS
-        assert set(config) <= set(dispatch.CONFIG_KEYS), f"{path} {config}"
+        assert set(config) <= set(dispatch.PATH_CONFIG_KEYS[path]), f"{path} {config}"
         # forced plans validate their keys exactly like the tuner's calls do
         plan = dispatch.plan_gemm(m, n, k, 128, torch.float16, cpu, path=path, config=config)
         assert plan.path == path and all(plan.config[key] == value for key, value in config.items())

@@ -43,7 +43,7 @@ from .gemm_decode import available as decode_available
 from .gemm_pingpong import available as pingpong_available
 
 __all__ = ["PATHS", "TENSOR_CORE_PATHS", "GLUON_PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "index_tuned_entries",
-           "format_key", "tuned_row", "CONFIG_KEYS", "CONFIG_OPTIONS", "row_config", "programmatic_launch"]
+           "format_key", "tuned_row", "CONFIG_KEYS", "PATH_CONFIG_KEYS", "CONFIG_OPTIONS", "row_config", "programmatic_launch"]
 
 logger = logging.getLogger(__name__)
 
@@ -200,9 +200,23 @@ def _heuristic(m: int, n: int, k: int, sm_count: int) -> Plan:
     return Plan(path, cfg, "heuristic")
 
 
-CONFIG_KEYS = ("BLOCK_N", "BLOCK_M", "SPLIT_K", "PROGRAMS", "num_warps", "num_stages", "maxnreg", "SCALE_IN_OPERAND", "ONE_TOKEN",
-               "DOT_PARTS", "GATHER_PDL", "CONSUMERS", "STREAM_PARAMS", "UNPACK_AHEAD", "ROWS", "AHEAD",
-               "ZEROS_BY_X_SUM", "ADJACENT_ROWS", "X_AT_USE", "EVICT_FIRST", "TOKENS_FIRST")
+# The configuration keys each path's launcher reads. A forced config with any other key is refused (`_forced`), so
+# that an option given to a path that never reads it (tune.py --try, a test) is an error, not a silent no-op that a
+# tuned entry would then record; tests/test_gemm.py holds the shipped table's entries to the same sets.
+_TILE_KEYS = ("BLOCK_N", "BLOCK_M", "SPLIT_K", "num_warps", "num_stages", "maxnreg")
+_TENSOR_CORE_KEYS = _TILE_KEYS + ("SCALE_IN_OPERAND", "ONE_TOKEN", "DOT_PARTS", "GATHER_PDL", "STREAM_PARAMS")
+PATH_CONFIG_KEYS = {
+    "gemv": _TILE_KEYS,
+    "splitk": _TENSOR_CORE_KEYS,
+    "tiled": _TENSOR_CORE_KEYS,
+    "streamk": tuple(key for key in _TENSOR_CORE_KEYS if key != "SPLIT_K") + ("PROGRAMS",),  # PROGRAMS replaces SPLIT_K
+    "decode": ("BLOCK_M", "num_warps", "maxnreg", "ROWS", "AHEAD", "ZEROS_BY_X_SUM", "ADJACENT_ROWS", "X_AT_USE",
+               "EVICT_FIRST", "TOKENS_FIRST", "GATHER_PDL"),
+    "pingpong": ("BLOCK_M", "SPLIT_K", "PROGRAMS", "num_stages", "maxnreg", "CONSUMERS", "UNPACK_AHEAD"),
+    "dense": (),
+    "reference": (),
+}
+CONFIG_KEYS = tuple(dict.fromkeys(key for keys in PATH_CONFIG_KEYS.values() for key in keys))  # every path's, once
 
 
 # the on / off options among them: bools (a forced config is checked in `_forced`, the one place caller-given
@@ -231,9 +245,9 @@ def _forced(path: str, m: int, n: int, k: int, config: dict | None = None) -> Pl
         raise ValueError(f"path must be 'auto' or one of {PATHS}, got {path!r}")
     plan = _forced_default(path, m)
     if config:
-        unknown = set(config) - set(CONFIG_KEYS)
+        unknown = set(config) - set(PATH_CONFIG_KEYS[path])
         if unknown:
-            raise ValueError(f"config keys must be among {CONFIG_KEYS}, got {sorted(unknown)}")
+            raise ValueError(f"config keys for path {path!r} must be among {PATH_CONFIG_KEYS[path]}, got {sorted(unknown)}")
         for key in CONFIG_OPTIONS:
             if key in config and not isinstance(config[key], bool):
                 raise ValueError(f"config {key} must be True or False, got {config[key]!r}")
