@@ -1,6 +1,6 @@
 """End-to-end decode: a Llama-3-8B-shaped decoder, fp16 against W4A16, CUDA-graph decode steps (GPU).
 
-    python benchmarks/bench_e2e.py [--batches 1,16] [--layers 32] [--compile] [--lm-head fp16,w4a16]
+    python benchmarks/bench_e2e.py [--batches 1,16] [--layers 32] [--compile] [--lm-head fp16,w4a16] [--pdl off,on]
                                    [--out benchmarks/results/h200_e2e.json]
 
 The model is a compact Llama decoder written here (RMSNorm, fused qkv with GQA and RoPE, SDPA over a
@@ -13,6 +13,13 @@ op; the W4A16 GEMM stays our custom op) and the compiled step is captured and re
 dequantized weights in fp16 (must agree to kernel tolerance) and against the original fp16 model
 (the 4-bit quantization error, reported; in this random model it compounds over the blocks to ~1.0, which
 benchmarks/quality_by_depth.py shows block by block on the CPU).
+
+--pdl off,on also times the compiled step with programmatic dependent launch (rows' `pdl`): Inductor's kernels
+launched as programmatic dependents and releasing their own early (torch._inductor.config.triton.enable_pdl, a
+setting of this script's process, for the fp16 and the W4A16 model alike), and every W4A16 layer converted with
+pdl=True (its GEMM a programmatic dependent of the kernel before, releasing the one after). Eager modules in a
+graph (method cuda_graph) are timed without it: their torch kernels release nothing, and pdl=True alone was 3%
+slower there (benchmarks/probe_pdl_e2e.py, NOTES v39).
 """
 
 from __future__ import annotations
@@ -140,6 +147,23 @@ def rel_err(a, b) -> float:
     return float((a - b).norm() / b.norm())
 
 
+def use_pdl(kernel, models, pdl: bool) -> None:
+    """Programmatic dependent launch on or off for the compiled steps (module docstring): Inductor's switch and every
+    W4A16 layer's `pdl`, compiled code dropped so that the next compile follows them."""
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+
+    if pdl and not hasattr(inductor_config.triton, "enable_pdl"):
+        raise SystemExit(f"--pdl on: torch {torch.__version__}'s Inductor has no triton.enable_pdl")
+    torch._dynamo.reset()
+    if hasattr(inductor_config.triton, "enable_pdl"):
+        inductor_config.triton.enable_pdl = pdl
+    for _, _, model in models:
+        for module in model.modules():
+            if isinstance(module, kernel.W4A16Linear):
+                module.pdl = pdl
+
+
 def time_step(rows: list, batch: int, method: str, impl: str, model, tokens, pos, **fields) -> None:
     """Time one decode step of `model` (compiling its blocks first for compile+cuda_graph) and add the row."""
     if method != "cuda_graph":
@@ -153,7 +177,7 @@ def time_step(rows: list, batch: int, method: str, impl: str, model, tokens, pos
     rows.append(dict(batch=batch, impl=impl, method=method, **fields, tokens_per_s=batch * 1000.0 / ms, ms_per_step=ms,
                      weight_bytes=weight_bytes(model)))
     label = " ".join(f"{k} {v}" for k, v in fields.items())
-    print(f"batch {batch:3d} {impl:6s} {method:18s} {label:13s} {ms:7.3f} ms/step {batch * 1000.0 / ms:9.1f} tok/s "
+    print(f"batch {batch:3d} {impl:6s} {method:18s} {label:23s} {ms:7.3f} ms/step {batch * 1000.0 / ms:9.1f} tok/s "
           f"weights {weight_bytes(model) / 2**30:.2f} GiB", flush=True)
 
 
@@ -185,10 +209,15 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="also time the step with every block torch.compile'd")
     ap.add_argument("--lm-head", default="fp16", help="comma list of the LM head's format in the W4A16 model: fp16 (kept, "
                     "the usual recipe) and / or w4a16 (quantized too, a model-quality choice); one W4A16 model per entry")
+    ap.add_argument("--pdl", default="off", help="comma list of off / on: the compiled steps without and / or with "
+                    "programmatic dependent launch (module docstring)")
     args = ap.parse_args()
     heads = args.lm_head.split(",")
     if not heads or set(heads) - {"fp16", "w4a16"}:
         raise SystemExit(f"--lm-head: expected a comma list of fp16 / w4a16, got {args.lm_head!r}")
+    pdl_settings = args.pdl.split(",")
+    if not pdl_settings or set(pdl_settings) - {"off", "on"}:
+        raise SystemExit(f"--pdl: expected a comma list of off / on, got {args.pdl!r}")
 
     kernel = timing.load_kernel()
     cfg = dict(LLAMA3_8B, layers=args.layers)
@@ -218,20 +247,27 @@ def main() -> None:
                 quality[f"lm_head_{head}"] = check_quality(fp16, w4, summary.converted, tokens, pos)
             models.append(("w4a16", {"lm_head": head}, w4))
         for method in ("cuda_graph", "compile+cuda_graph") if args.compile else ("cuda_graph",):
-            for impl, fields, model in models:
-                time_step(rows, batch, method, impl, model, tokens, pos, **fields)
+            for pdl in (pdl_settings if method == "compile+cuda_graph" else ("off",)):
+                use_pdl(kernel, models, pdl == "on")
+                for impl, fields, model in models:
+                    time_step(rows, batch, method, impl, model, tokens, pos, **fields,
+                              **({"pdl": pdl == "on"} if method == "compile+cuda_graph" else {}))
+        use_pdl(kernel, models, False)
         del fp16, w4, models
         torch.cuda.empty_cache()
     for b in batches:
-        for method in dict.fromkeys(r["method"] for r in rows):
-            f = next((r for r in rows if r["batch"] == b and r["impl"] == "fp16" and r["method"] == method), None)
-            for w in (r for r in rows if f and r["batch"] == b and r["impl"] == "w4a16" and r["method"] == method):
-                print(f"batch {b} {method} lm_head {w['lm_head']}: W4A16 {w['tokens_per_s'] / f['tokens_per_s']:.2f}x fp16 tokens/s")
+        for method, pdl in dict.fromkeys((r["method"], r.get("pdl")) for r in rows):
+            f = next((r for r in rows if r["batch"] == b and r["impl"] == "fp16" and r["method"] == method and r.get("pdl") == pdl), None)
+            for w in (r for r in rows if f and r["batch"] == b and r["impl"] == "w4a16" and r["method"] == method and r.get("pdl") == pdl):
+                print(f"batch {b} {method}{' pdl' if pdl else ''} lm_head {w['lm_head']}: W4A16 "
+                      f"{w['tokens_per_s'] / f['tokens_per_s']:.2f}x fp16 tokens/s")
     if args.out:
         result = {**timing.machine_info(), "model": f"Llama-3-8B-shaped decoder ({cfg['layers']} layers, random weights, KV context {args.context}); "
                                                       "w4a16 rows' `lm_head`: the LM head kept fp16 or quantized too",
                   "method": "one decode step captured in a CUDA graph, mean of 30 replays; rows' `method`: cuda_graph "
-                            "(eager modules) or compile+cuda_graph (each block torch.compile'd first)", "quality": quality, "rows": rows}
+                            "(eager modules) or compile+cuda_graph (each block torch.compile'd first); compiled rows' `pdl`: with "
+                            "programmatic dependent launch (Inductor's enable_pdl for both models, the W4A16 layers' pdl=True)",
+                  "quality": quality, "rows": rows}
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.out}")
 

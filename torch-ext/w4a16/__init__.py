@@ -29,13 +29,14 @@ def _gemm_op(
     group_size: int,
     path: str = "auto",
     strict: bool = False,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """y[..., N] = x[..., K] @ W for a weight in the kernel-native layout (see layout.py)."""
-    return w4a16_matmul(x, qweight, scales, zeros, perm, in_features, group_size, path, strict)
+    return w4a16_matmul(x, qweight, scales, zeros, perm, in_features, group_size, path, strict, pdl=pdl)
 
 
 @_gemm_op.register_fake
-def _gemm_fake(x, qweight, scales, zeros, perm, in_features, group_size, path="auto", strict=False):
+def _gemm_fake(x, qweight, scales, zeros, perm, in_features, group_size, path="auto", strict=False, pdl=False):
     validate_gemm_inputs(x, qweight, scales, zeros, perm, in_features, group_size)
     return x.new_empty((*x.shape[:-1], scales.shape[1]))
 

@@ -26,6 +26,12 @@ Paths:
     dense      dequantize into a scratch [N, K] fp16/bf16 buffer (N*K*2 bytes, freed after the
                call) and call cuBLAS: prefill
     reference  plain torch (dequantize + matmul): CPU tensors
+
+A call's `pdl=True` (not a tuned option: it states what the caller knows about the kernels around the GEMM) adds
+the plan option PDL on sm_90+ to decode and tensor-core plans (PDL_PATHS): the GEMM is launched as a programmatic
+dependent of the kernel before it, loads its first weight blocks before waiting for that kernel (griddepcontrol.wait)
+and reads x only after, and lets the kernel after it launch early. The caller promises that the kernel before does not
+write the weight's tensors (the model's activations, not its weights, come from there).
 """
 
 from __future__ import annotations
@@ -43,14 +49,16 @@ from .gemm_decode import available as decode_available
 from .gemm_pingpong import available as pingpong_available
 
 __all__ = ["PATHS", "TENSOR_CORE_PATHS", "GLUON_PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "index_tuned_entries",
-           "format_key", "tuned_row", "CONFIG_KEYS", "PATH_CONFIG_KEYS", "CONFIG_OPTIONS", "row_config", "programmatic_launch"]
+           "format_key", "tuned_row", "CONFIG_KEYS", "PATH_CONFIG_KEYS", "CONFIG_OPTIONS", "row_config", "programmatic_launch",
+           "PDL_PATHS"]
 
 logger = logging.getLogger(__name__)
 
 PATHS = ("gemv", "splitk", "streamk", "tiled", "decode", "pingpong", "dense", "reference")
 TENSOR_CORE_PATHS = ("splitk", "streamk", "tiled")  # the paths of the tensor-core kernels (their options apply)
 GLUON_PATHS = ("decode", "pingpong")  # kernels written in Gluon: their tuned entries carry a FALLBACK plan
-GATHER_PDL_PATHS = TENSOR_CORE_PATHS + ("decode",)  # kernels that can wait for act-order's gather (griddepcontrol)
+PDL_PATHS = TENSOR_CORE_PATHS + ("decode",)  # kernels that can be a programmatic dependent (griddepcontrol.wait)
+GATHER_PDL_PATHS = PDL_PATHS  # ... of act-order's gather (GATHER_PDL) as of any kernel (a call's `pdl`: PDL)
 _M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 _TUNED_DIR = Path(__file__).resolve().parent
 
@@ -158,18 +166,20 @@ def programmatic_launch(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def _applicable(plan: Plan, act_order: bool, device: torch.device, group_size: int, k: int) -> Plan:
-    """`plan` without the options that do not apply to this call, decided once per plan (not per call), so that the
-    plan says what runs: GATHER_PDL (act-order's GEMM launched as a programmatic dependent of the gather of x) needs
-    act-order weights, a path of GATHER_PDL_PATHS and `programmatic_launch`; ADJACENT_ROWS (the decode kernel's row
-    order for its per-block scale and zero loads) needs `gemm_decode.adjacent_rows_apply` (not per-channel)."""
+def _applicable(plan: Plan, act_order: bool, device: torch.device, group_size: int, k: int, pdl: bool = False) -> Plan:
+    """`plan` without the options that do not apply to this call and with the call's PDL, decided once per plan (not
+    per call), so that the plan says what runs: GATHER_PDL (act-order's GEMM launched as a programmatic dependent of
+    the gather of x) needs act-order weights, a path of GATHER_PDL_PATHS and `programmatic_launch`; ADJACENT_ROWS (the
+    decode kernel's row order for its per-block scale and zero loads) needs `gemm_decode.adjacent_rows_apply` (not
+    per-channel); PDL (the call's `pdl`: module docstring) is added for a path of PDL_PATHS under `programmatic_launch`."""
     dropped = set()
     if plan.config.get("GATHER_PDL") and not (act_order and plan.path in GATHER_PDL_PATHS and programmatic_launch(device)):
         dropped.add("GATHER_PDL")
     if plan.config.get("ADJACENT_ROWS") and not adjacent_rows_apply(group_size, k):
         dropped.add("ADJACENT_ROWS")
-    if dropped:
-        return Plan(plan.path, {key: v for key, v in plan.config.items() if key not in dropped}, plan.source)
+    added = {"PDL": True} if pdl and plan.path in PDL_PATHS and programmatic_launch(device) else {}
+    if dropped or added:
+        return Plan(plan.path, {**{key: v for key, v in plan.config.items() if key not in dropped}, **added}, plan.source)
     return plan
 
 
@@ -274,7 +284,7 @@ def _forced_default(path: str, m: int) -> Plan:
 
 @functools.lru_cache(maxsize=4096)
 def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, device: torch.device, symmetric: bool,
-                 act_order: bool) -> Plan:
+                 act_order: bool, pdl: bool = False) -> Plan:
     name, sm_count = _device_info(device)
     tuned = load_tuned_table(name)
     if tuned is not None:
@@ -287,11 +297,11 @@ def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, d
             if "PROGRAMS" in cfg:
                 cfg["PROGRAMS"] = programs_for_device(cfg["PROGRAMS"], table_sm_count, sm_count)
             source = f"tuned:{file}" + ("" if runnable is row else f" (FALLBACK of a {row['path']} entry)")
-            plan = _applicable(Plan(runnable["path"], cfg, source), act_order, device, group_size, k)
+            plan = _applicable(Plan(runnable["path"], cfg, source), act_order, device, group_size, k, pdl)
         else:
-            plan = _heuristic(mb, n, k, sm_count)
+            plan = _applicable(_heuristic(mb, n, k, sm_count), act_order, device, group_size, k, pdl)
     else:
-        plan = _heuristic(mb, n, k, sm_count)
+        plan = _applicable(_heuristic(mb, n, k, sm_count), act_order, device, group_size, k, pdl)
     logger.debug("w4a16 plan M<=%d N=%d K=%d G=%d %s sym=%s act-order=%s on %s: %s", mb, n, k, group_size, dtype, symmetric,
                  act_order, name, plan)
     return plan
@@ -309,22 +319,24 @@ def plan_gemm(
     strict: bool = False,
     config: dict | None = None,
     act_order: bool = False,
+    pdl: bool = False,
 ) -> Plan:
     """The plan for y[m, n] = x[m, k] @ W. `path` other than "auto" forces a path (and `config`
-    may then override its launch configuration: tests and benchmarks).
+    may then override its launch configuration: tests and benchmarks). `pdl`: the call's programmatic launch
+    (module docstring), plan option PDL where it applies.
 
     With `strict=True`, a plan that does not come from a tuned table for this GPU and shape raises
     RuntimeError (so a deployment notices a silent fallback to a generic configuration).
     """
     if path != "auto":
-        return _applicable(_forced(path, m, n, k, config), act_order, device, group_size, k)
+        return _applicable(_forced(path, m, n, k, config), act_order, device, group_size, k, pdl)
     if config is not None:
         raise ValueError("config may only be given together with a forced path (path='splitk', ...)")
     if device.type != "cuda":
         if strict:
             raise RuntimeError(f"w4a16: no Triton path for tensors on {device} (strict): only the plain torch reference runs there")
         return Plan("reference", {}, "cpu")
-    plan = _plan_cached(m_bucket(m), n, k, group_size, dtype, device, symmetric, act_order)
+    plan = _plan_cached(m_bucket(m), n, k, group_size, dtype, device, symmetric, act_order, pdl)
     if strict and not plan.source.startswith("tuned"):
         raise RuntimeError(
             f"w4a16: no tuned configuration for M={m} N={n} K={k} on {_device_info(device)[0]} (strict); "

@@ -25,19 +25,26 @@ def w4a16_linear(
     *,
     path: str = "auto",
     strict: bool = False,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """y[..., N] = x[..., K] @ W (+ bias) for a prepared weight. x fp16 or bf16; y in x's dtype.
 
     `path` forces a kernel ("gemv", "splitk", "streamk", "tiled", "decode", "pingpong", "dense", "reference");
     `strict=True` raises instead of falling back to an untuned configuration (see dispatch.py).
+    `pdl=True` (NVIDIA sm_90+, decode and tensor-core paths; ignored elsewhere): the GEMM is launched as a
+    programmatic dependent of the kernel before it on the stream, so its first weight loads overlap that kernel's
+    end (x is read only once that kernel has finished), and the kernel after it may launch early. Only where the
+    kernel before does not write this weight's tensors (in a model's forward it writes activations). Pays in a CUDA
+    graph whose other kernels take part too (torch.compile with `torch._inductor.config.triton.enable_pdl`).
     """
     # Eagerly, skip the op: the dispatcher round trip of a custom op costs tens of microseconds per
     # call, as much as the whole GEMM of a small layer, and the weight's tensors were checked when it
     # was made (`matmul_weight` checks x only). torch.compile sees the op.
     if torch.compiler.is_compiling():
-        y = ops.gemm(x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features, weight.group_size, path, strict)
+        y = ops.gemm(x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features, weight.group_size, path, strict,
+                     pdl)
     else:
-        y = matmul_weight(x, weight, path, strict)
+        y = matmul_weight(x, weight, path, strict, pdl)
     return y if bias is None else y + bias.to(y.dtype)
 
 
@@ -56,11 +63,12 @@ def w4a16_gemm(
     return w4a16_linear(x, prepare_weight(packed, scales, zeros, group_size))
 
 
-def plan_for(weight: W4A16Weight, m: int, dtype: torch.dtype = torch.float16, strict: bool = False) -> Plan:
-    """The path and launch configuration a call with M = m tokens will take on the weight's device."""
+def plan_for(weight: W4A16Weight, m: int, dtype: torch.dtype = torch.float16, strict: bool = False,
+             pdl: bool = False) -> Plan:
+    """The path and launch configuration a call with M = m tokens (and this `pdl`) will take on the weight's device."""
     return plan_gemm(
         m, weight.out_features, weight.in_features, weight.group_size, dtype, weight.qweight.device,
-        symmetric=weight.symmetric, strict=strict, act_order=weight.act_order,
+        symmetric=weight.symmetric, strict=strict, act_order=weight.act_order, pdl=pdl,
     )
 
 

@@ -32,7 +32,9 @@ Kernels:
   `benchmarks/tune.py` considers it for M <= 2 on every GPU).
 - `_dequantize_kernel`: writes the fp16/bf16 weight [N, K] for the dense (cuBLAS) prefill path.
 Act-order weights take x already permuted (gather.py); on sm_90+ the GEMM may follow that gather as a programmatic
-dependent (tuned option GATHER_PDL: it waits for the gather's writes before loading x).
+dependent (tuned option GATHER_PDL: it waits for the gather's writes before loading x). A call's `pdl` (plan option
+PDL, sm_90+) makes the tensor-core kernels a programmatic dependent of whatever kernel ran before (they wait for it
+before any load) that releases the kernel after it at once.
 
 Scales and zeros of the scale-in-operand loop: plain loads one block ahead (their [BLOCK_N] vectors then cross
 shared memory into the operand's register layout, block-wide barriers each block), or with the tuned option
@@ -52,7 +54,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .dequant import MAGIC_PAIR, MAGIC_VALUE, concat_slices, operand_part, pack_pair, row_of, uint_as_float, unpack_slices
 from .dispatch import Plan
@@ -456,8 +458,9 @@ def _w4a16_tc_kernel(
     ONE_TOKEN: tl.constexpr,  # M == 1: the fold's x sums from one row (see _tile_accumulate)
     PER_CHANNEL: tl.constexpr,  # G == K: fold once after the loop (see _tile_accumulate)
     DOT_PARTS: tl.constexpr,  # 1, 2, 4 or 8: each dot as chained parts of <= 128 / DOT_PARTS rows
-    WAIT_PRIOR: tl.constexpr,  # launched programmatically after act-order's gather: wait for it before any load
+    WAIT_PRIOR: tl.constexpr,  # a programmatic dependent of the kernel before (GATHER_PDL, PDL): wait before any load
     STREAM_PARAMS: tl.constexpr,  # scale in operand: s / z loaded for each block as 32-bit words (_load_elements)
+    RELEASE_DEPENDENTS: tl.constexpr,  # PDL: the next kernel may launch once every program has started
 ):
     """y[M, N] = x[M, K] @ W[K, N] with W in the kernel-native layout, on tensor cores.
 
@@ -482,7 +485,10 @@ def _w4a16_tc_kernel(
     words (N % 4 == 0, s / z 4-byte aligned: `_params_line_up`); DOT_PARTS splits every dot (the block's,
     or each scale fold's) into chained dots over at most 128 / DOT_PARTS rows, each part's operand unpacked
     right before it.
-    Act-order weights take x already permuted (`gather_columns`).
+    Act-order weights take x already permuted (`gather_columns`). WAIT_PRIOR: launched as a programmatic dependent of
+    the kernel before (act-order's gather, GATHER_PDL; any kernel, the call's `pdl`, PDL), nothing is loaded or stored
+    before griddepcontrol.wait; RELEASE_DEPENDENTS (PDL) lets the kernel after this one launch early (it waits for
+    this one in turn).
 
     Assumes BLOCK_M >= 16, x and y unit-stride along their last dim, qweight / scales / zeros
     contiguous (scales / zeros [K/G, N]; G divides K; num_groups = K / G is passed, not derived: derived,
@@ -490,6 +496,8 @@ def _w4a16_tc_kernel(
     MAGIC_PAIR = the magic bits of x's dtype in both 16-bit halves. The weight and x^T tiles are only
     used by the dot, which lets Triton's software pipeliner stream both with asynchronous copies.
     """
+    if RELEASE_DEPENDENTS:
+        gdc_launch_dependents()
     if WAIT_PRIOR:
         gdc_wait()
     block_start, block_end = _split_range(tl.cdiv(K, 128), SPLIT_K)
@@ -509,6 +517,7 @@ def _w4a16_streamk_kernel(
     MAGIC_PAIR: tl.constexpr, MAGIC_VALUE: tl.constexpr, USE_ASM: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr, ONE_TOKEN: tl.constexpr,
     PER_CHANNEL: tl.constexpr, DOT_PARTS: tl.constexpr, WAIT_PRIOR: tl.constexpr, STREAM_PARAMS: tl.constexpr,
+    RELEASE_DEPENDENTS: tl.constexpr,
 ):
     """Stream-K form of `_w4a16_tc_kernel`: a persistent grid (P,) shares the work evenly.
 
@@ -521,7 +530,10 @@ def _w4a16_streamk_kernel(
     1 for the one it ends with), bumps the tile's counter, and the last to arrive sums the partials in
     program order (deterministic), writes y and resets the counter. Assumes P <= T (no program
     without work: a tile's contributors are then the consecutive programs first..last) and T * P < 2**31.
+    WAIT_PRIOR and RELEASE_DEPENDENTS as in `_w4a16_tc_kernel`.
     """
+    if RELEASE_DEPENDENTS:
+        gdc_launch_dependents()
     if WAIT_PRIOR:
         gdc_wait()
     kb = tl.cdiv(K, 128)
@@ -710,8 +722,10 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
                            stream_params) -> _MatmulLaunch:
     cfg = plan.config
     # act-order on sm_90+ (the dispatcher keeps the option only there): a programmatic dependent of the
-    # gather of x, which `gather_columns(..., launch_dependents=True)` launched just before
-    after_gather = cfg.get("GATHER_PDL", False)
+    # gather of x, which `gather_columns(..., launch_dependents=True)` launched just before; with the call's
+    # `pdl` (PDL, sm_90+) of whatever kernel ran before, and releasing the one after
+    pdl = cfg.get("PDL", False)
+    wait_prior = cfg.get("GATHER_PDL", False) or pdl
     block_n, block_m, split_k = cfg["BLOCK_N"], cfg["BLOCK_M"], cfg.get("SPLIT_K", 1)
     dot_parts = cfg.get("DOT_PARTS", 1)
     if dot_parts not in (1, 2, 4, 8):  # any other count would leave slices of a block out of the dot
@@ -721,7 +735,7 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
     options = dict(num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))
     if cfg.get("maxnreg"):  # a register cap buys occupancy (more CTAs per SM) where it does not spill
         options["maxnreg"] = cfg["maxnreg"]
-    if after_gather:
+    if wait_prior:
         options["launch_pdl"] = True
 
     def prepared(kernel, kernel_constexprs: dict, fixed: dict, programs: int = 0) -> _MatmulLaunch:
@@ -741,8 +755,9 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
         ONE_TOKEN=one_token and not cfg.get("SCALE_IN_OPERAND", False),  # only the fold sums x
         PER_CHANNEL=group_size == in_features,  # one group: the fold runs once per tile, after the loop
         DOT_PARTS=dot_parts,
-        WAIT_PRIOR=after_gather,
+        WAIT_PRIOR=wait_prior,
         STREAM_PARAMS=stream_params and cfg.get("SCALE_IN_OPERAND", False),  # (the fold loads no operand params)
+        RELEASE_DEPENDENTS=pdl,
     )
     num_groups = in_features // group_size
     if plan.path == "streamk":

@@ -23,6 +23,9 @@ output tile, and nothing is shared inside the loop:
               all-ones operand (exact for any zero: fractional zeros, or the plan option ZEROS_BY_X_SUM)
     act-order x gathered by gather.py first; with the plan option GATHER_PDL (sm_90+) the kernel is a programmatic
               dependent of that gather and loads the weights of its first AHEAD blocks before waiting for it
+    PDL       (a call's `pdl`, sm_90+) the same wait for whatever kernel ran before (x is read only after it has
+              finished; the weights are not: the caller's promise is that kernel does not write them), and the
+              kernel after this one is released (griddepcontrol.launch_dependents) as soon as every program started
     end       the warps' fp32 tiles summed once through shared memory, y stored
 
 Operand orders (the MMA's k index is free as long as A and B agree): a warp's lane t (of 4) takes word columns
@@ -232,6 +235,14 @@ if HAVE_GLUON:
                                          is_pure=False, pack=1)
 
     @gluon.jit
+    def _release_dependents(t):
+        """t (int32), given back after griddepcontrol.launch_dependents: the kernel launched after this one as a
+        programmatic dependent (plan option PDL) may be placed now. It waits (griddepcontrol.wait) for this grid to finish
+        before it reads anything this grid writes, so the release only lets its launch overlap this grid's work."""
+        return gl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.b32 $0, $1;", "=r,r", [t], dtype=gl.int32,
+                                         is_pure=False, pack=1)
+
+    @gluon.jit
     def _load_params(s_base, z_base, step, kb_p, num_kb, N, p_layout: gl.constexpr, z_layout: gl.constexpr,
                      WARPS: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr,
                      ZERO_IN_OPERAND: gl.constexpr):
@@ -296,7 +307,7 @@ if HAVE_GLUON:
                        SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr,
                        ADJACENT_ROWS: gl.constexpr, PARAMS_VECTOR: gl.constexpr, ZEROS_BY_X_SUM: gl.constexpr,
                        X_AT_USE: gl.constexpr, WAIT_PRIOR: gl.constexpr, EVICT_FIRST: gl.constexpr,
-                       TOKENS_FIRST: gl.constexpr):
+                       TOKENS_FIRST: gl.constexpr, RELEASE_DEPENDENTS: gl.constexpr):
         """y[M, N] = x[M, K] @ W: see the module docstring. GROUPS: scale groups per 128-row block
         (`layout.groups_per_block`: 1 when a group spans the block); BLOCKS_PER_GROUP: blocks per group then (0:
         per-channel); TOKENS_FIRST: grid axis 0 runs over the token blocks (module docstring); ADJACENT_ROWS: the row
@@ -305,8 +316,9 @@ if HAVE_GLUON:
         zeros folded through the x sums too (as fractional zeros are). X_AT_USE: x's block loaded in the step that
         uses it, not AHEAD steps before with the weights' (x comes from L1 / L2, a shorter wait than the words', and
         its registers, 16 a step at BLOCK_M 8, are not held across steps). WAIT_PRIOR: launched as a programmatic
-        dependent of act-order's gather of x (plan option GATHER_PDL): x's loads wait for it (griddepcontrol.wait);
-        the words, scales and zeros of the first blocks need not. EVICT_FIRST: the words loaded under L1 and L2
+        dependent of the kernel before it (act-order's gather of x: plan option GATHER_PDL; any kernel: the call's
+        `pdl`, plan option PDL): x's loads wait for it (griddepcontrol.wait); the words, scales and zeros of the first
+        blocks need not. RELEASE_DEPENDENTS (PDL): the next kernel may be launched once every program has started. EVICT_FIRST: the words loaded under L1 and L2
         evict-first policies (read once; it won on most large shapes and lost on some small ones, NOTES v35, v38)."""
         # integer zeros (uint8: 0..127, layout.py) and symmetric weights subtract the zero in the operand (one fma
         # per word, exact), which spares the x sums' MMAs (a third of them at BLOCK_M 8, for 13% more instructions);
@@ -330,6 +342,8 @@ if HAVE_GLUON:
             n0 = gl.program_id(0) * ROWS
             m0 = gl.program_id(1) * BLOCK_M
         num_kb = K // 128
+        if RELEASE_DEPENDENTS:  # (first thing: the next kernel's launch then overlaps all of this one)
+            num_kb = _release_dependents(num_kb)
 
         # words: qweight[n // 64, kb, n % 64, c] (rows past N exist: the layout pads N to 64)
         w_w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, w_layout)))
@@ -489,7 +503,8 @@ def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int,
                    symmetric: bool) -> tuple[dict, dict]:
     """(constexprs, options) of `_decode_kernel` for a decode plan's configuration `cfg` (num_warps, ROWS, AHEAD,
     maxnreg, ZEROS_BY_X_SUM, ADJACENT_ROWS, X_AT_USE, EVICT_FIRST, TOKENS_FIRST, GATHER_PDL: WAIT_PRIOR and a
-    programmatic launch, kept by the dispatcher only for act-order weights on sm_90+) and a call's BLOCK_M
+    programmatic launch, kept by the dispatcher only for act-order weights on sm_90+; PDL, which the dispatcher adds
+    for a call's `pdl` on sm_90+: WAIT_PRIOR, RELEASE_DEPENDENTS and a programmatic launch) and a call's BLOCK_M
     (`decode_block_m`), weight shape (N decides PARAMS_VECTOR) and format, or a ValueError naming the entry the kernel
     cannot take."""
     warps, rows, ahead = cfg.get("num_warps", 4), cfg.get("ROWS", 16), cfg.get("AHEAD", 1)
@@ -505,7 +520,10 @@ def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int,
         raise ValueError(f"config num_warps must be a power of two <= 16 for path 'decode', got {warps!r}")
     if ahead not in (1, 2, 3):
         raise ValueError(f"config AHEAD must be 1, 2 or 3 for path 'decode', got {ahead!r}")
-    wait_prior = bool(cfg.get("GATHER_PDL", False))
+    # a programmatic dependent of act-order's gather (GATHER_PDL) or, with the call's `pdl` (PDL), of any kernel before
+    # it; with PDL it also releases the kernel after it
+    pdl = bool(cfg.get("PDL", False))
+    wait_prior = bool(cfg.get("GATHER_PDL", False)) or pdl
     groups = groups_per_block(group_size, in_features)
     group_blocks = blocks_per_group(group_size, in_features)
     adjacent = bool(cfg.get("ADJACENT_ROWS", False)) and adjacent_rows_apply(group_size, in_features)
@@ -514,7 +532,7 @@ def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int,
                       PARAMS_VECTOR=adjacent and out_features % (rows // 8) == 0,
                       ZEROS_BY_X_SUM=bool(cfg.get("ZEROS_BY_X_SUM", False)), X_AT_USE=bool(cfg.get("X_AT_USE", False)),
                       WAIT_PRIOR=wait_prior, EVICT_FIRST=bool(cfg.get("EVICT_FIRST", False)),
-                      TOKENS_FIRST=tokens_first)
+                      TOKENS_FIRST=tokens_first, RELEASE_DEPENDENTS=pdl)
     maxnreg = cfg.get("maxnreg")
     options = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {}), **({"launch_pdl": True} if wait_prior else {})}
     return constexprs, options

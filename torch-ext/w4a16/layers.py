@@ -11,6 +11,8 @@ kernel-native layout (see layout.py) as buffers:
                                          act-order
     bias     [N] or None
     in_features, out_features, group_size (ints; group_size is the effective G, K for per-channel)
+    pdl      bool, not in the state_dict (default False): the GEMM launched as a programmatic dependent of the
+             kernel before it (`functional.w4a16_linear`'s `pdl`; a host module without it runs with False)
 
 So the state_dict keys depend only on the format (bias, symmetric, act_order), and a checkpoint
 saved from one layer loads into a fresh `W4A16Linear(K, N, bias, group_size, symmetric, act_order)`.
@@ -79,7 +81,7 @@ def _log_plan_once(module: nn.Module, weight: W4A16Weight, x: torch.Tensor) -> N
         logger.debug(
             "w4a16 %s [N=%d, K=%d] %s, M=%d %s on %s: %s",
             type(module).__name__, weight.out_features, weight.in_features, weight.describe(),
-            m, str(x.dtype).replace("torch.", ""), x.device, plan_for(weight, m, x.dtype),
+            m, str(x.dtype).replace("torch.", ""), x.device, plan_for(weight, m, x.dtype, pdl=getattr(module, "pdl", False)),
         )
 
 
@@ -101,12 +103,13 @@ def _kept_weight_of(module: nn.Module) -> W4A16Weight:
 
 def _forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The forward of `W4A16Linear` and of the hub layer: the GEMM on the module's buffers (+ bias)."""
+    pdl = getattr(module, "pdl", False)
     if torch.compiler.is_compiling():  # the view is built in the traced code (no module state written there)
-        return w4a16_linear(x, _weight_of(module), module.bias)
+        return w4a16_linear(x, _weight_of(module), module.bias, pdl=pdl)
     weight = _kept_weight_of(module)
     if not getattr(module, "_w4a16_plan_logged", False):
         _log_plan_once(module, weight, x)
-    return w4a16_linear(x, weight, module.bias)
+    return w4a16_linear(x, weight, module.bias, pdl=pdl)
 
 
 def _weight_bytes(weight: W4A16Weight) -> int:
@@ -119,7 +122,8 @@ class W4A16Linear(nn.Module):
 
     Inference only. Build it with `from_linear` (quantize an `nn.Linear`), `from_weight` (a
     `W4A16Weight` from `prepare_weight` or an importer in `formats`), or the constructor followed by
-    `load_state_dict` (the constructor allocates empty buffers of the format's shapes).
+    `load_state_dict` (the constructor allocates empty buffers of the format's shapes). `pdl` (an attribute, also
+    settable later): launch the GEMM as a programmatic dependent of the kernel before it (`w4a16_linear`'s `pdl`).
     """
 
     def __init__(
@@ -132,8 +136,12 @@ class W4A16Linear(nn.Module):
         act_order: bool = False,
         dtype: torch.dtype = torch.float16,
         device: torch.device | str | None = None,
+        *,
+        pdl: bool = False,
     ) -> None:
         super().__init__()
+        if not isinstance(pdl, bool):
+            raise TypeError(f"pdl must be True or False, got {pdl!r}")
         if out_features <= 0:
             raise ValueError(f"out_features must be positive, got {out_features}")
         g = validate_group_size(group_size, in_features)
@@ -150,6 +158,7 @@ class W4A16Linear(nn.Module):
         )
         self.register_buffer("perm", torch.arange(k, dtype=torch.int32, device=device) if act_order else None)
         self.register_buffer("bias", torch.zeros(n, dtype=dtype, device=device) if bias else None)
+        self.pdl = pdl
         self._w4a16_plan_logged = False
 
     # ------------------------------------------------------------------------------------------
@@ -158,7 +167,8 @@ class W4A16Linear(nn.Module):
 
     @classmethod
     def from_weight(
-        cls, weight: W4A16Weight, bias: torch.Tensor | None = None, *, dtype: torch.dtype | None = None
+        cls, weight: W4A16Weight, bias: torch.Tensor | None = None, *, dtype: torch.dtype | None = None,
+        pdl: bool = False,
     ) -> "W4A16Linear":
         """Wrap a prepared weight (from `prepare_weight` or an importer); the tensors are not copied.
 
@@ -172,7 +182,7 @@ class W4A16Linear(nn.Module):
             dtype = weight.scales.dtype if weight.scales.dtype in _HALF_DTYPES else torch.float16
         layer = cls(
             k, n, bias=bias is not None, group_size=weight.group_size, symmetric=weight.symmetric,
-            act_order=weight.act_order, dtype=dtype, device="meta",
+            act_order=weight.act_order, dtype=dtype, device="meta", pdl=pdl,
         )
         expected = {"qweight": layer.qweight, "scales": layer.scales, "zeros": layer.zeros, "perm": layer.perm}
         for name, like in expected.items():
@@ -201,6 +211,7 @@ class W4A16Linear(nn.Module):
         symmetric: bool = False,
         *,
         dtype: torch.dtype | None = None,
+        pdl: bool = False,
     ) -> "W4A16Linear":
         """Quantize an `nn.Linear` (round to nearest, grouped along in_features) and keep its bias.
 
@@ -223,7 +234,7 @@ class W4A16Linear(nn.Module):
             weight = prepare_weight(packed, scales.to(dtype), None if symmetric else zeros, group_size)  # integer zeros: uint8
         if not symmetric and weight.zeros is None:
             weight = _dc_replace(weight, zeros=torch.full_like(weight.scales, SYMMETRIC_ZERO, dtype=torch.uint8))
-        return cls.from_weight(weight, linear.bias, dtype=dtype)
+        return cls.from_weight(weight, linear.bias, dtype=dtype, pdl=pdl)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # Zeros load in the checkpoint's dtype: copied into the uint8 buffer, fractional (float) zeros
@@ -264,7 +275,7 @@ class W4A16Linear(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"bias={self.bias is not None}, format={_weight_of(self).describe()}"
+            f"bias={self.bias is not None}, format={_weight_of(self).describe()}" + (", pdl=True" if self.pdl else "")
         )
 
 
@@ -350,6 +361,8 @@ def convert_to_w4a16(
     symmetric: bool = False,
     skip=("lm_head",),
     dtype: torch.dtype | None = None,
+    *,
+    pdl: bool = False,
 ) -> ConversionSummary:
     """Replace, in place, every `nn.Linear` of `model` by a `W4A16Linear` quantized from it.
 
@@ -360,8 +373,12 @@ def convert_to_w4a16(
     `dtype`: dtype of scales, zeros and bias (default: each layer's dtype if fp16/bf16, else fp16).
     A Linear reachable under several names (shared) is converted once and replaced everywhere
     (skipped if any of its names matches `skip`); it is reported under its first name.
+    `pdl`: every converted layer's `pdl` (`W4A16Linear`): for a model whose forward runs in a CUDA graph, where the
+    kernel before each GEMM writes activations, never weights.
     """
     _check_group_size(group_size)
+    if not isinstance(pdl, bool):
+        raise TypeError(f"pdl must be True or False, got {pdl!r}")
     if dtype is not None and dtype not in _HALF_DTYPES:
         raise TypeError(f"dtype must be None, float16 or bfloat16, got {dtype}")
     if isinstance(skip, str):
@@ -393,7 +410,7 @@ def convert_to_w4a16(
         if reason is not None:
             summary.skipped[name] = reason
             continue
-        layer = W4A16Linear.from_linear(linear, group_size=group_size, symmetric=symmetric, dtype=dtype)
+        layer = W4A16Linear.from_linear(linear, group_size=group_size, symmetric=symmetric, dtype=dtype, pdl=pdl)
         layer.train(linear.training)
         for parent, attr in refs[key]:
             setattr(parent, attr, layer)

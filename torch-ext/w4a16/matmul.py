@@ -50,7 +50,7 @@ def _reference_matmul(x2, qweight, scales, zeros, in_features, group_size) -> to
 
 def w4a16_matmul(
     x, qweight, scales, zeros, perm, in_features: int, group_size: int, path: str = "auto", strict: bool = False,
-    out: torch.Tensor | None = None, config: dict | None = None,
+    out: torch.Tensor | None = None, config: dict | None = None, pdl: bool = False,
 ) -> torch.Tensor:
     """y[..., N] = x[..., K] @ W for a kernel-native weight: validate, plan by shape, launch.
 
@@ -58,10 +58,11 @@ def w4a16_matmul(
     ("gemv", "splitk", "streamk", "tiled", "decode", "pingpong", "dense", "reference") forces that kernel, which is how tests run the
     Triton kernels on CPU tensors under TRITON_INTERPRET=1. `out` ([M, N] contiguous, x's dtype)
     receives the result when given (tests poison it to catch unwritten elements). `config`
-    overrides a forced path's launch configuration (see dispatch.CONFIG_KEYS).
+    overrides a forced path's launch configuration (see dispatch.CONFIG_KEYS). `pdl`: launch the GEMM as a
+    programmatic dependent of the kernel before it (dispatch.py's docstring: that kernel must not write the weight).
     """
     group_size = validate_gemm_inputs(x, qweight, scales, zeros, perm, in_features, group_size)
-    return _matmul_checked(x, qweight, scales, zeros, perm, in_features, group_size, path, strict, out, config)
+    return _matmul_checked(x, qweight, scales, zeros, perm, in_features, group_size, path, strict, out, config, pdl=pdl)
 
 
 # the launcher of each kernel path (the Triton kernels' for the others), and its form that keeps the launch for repeating
@@ -75,7 +76,7 @@ def launcher_for(path: str, keep: bool = False):
     return (_KEPT_LAUNCHERS.get(path, launch_gemm_kept) if keep else _LAUNCHERS.get(path, launch_gemm))
 
 
-_KEPT_LAUNCHES_PER_WEIGHT = 16  # (M, dtype, stream, strict) keys per weight: decode batch sizes, a few streams
+_KEPT_LAUNCHES_PER_WEIGHT = 16  # (M, dtype, stream, strict, pdl) keys per weight: decode batch sizes, a few streams
 
 
 def _recently_used(kept: dict, key):
@@ -93,20 +94,21 @@ def _make_room(kept: dict) -> None:
         del kept[next(iter(kept))]
 
 
-def matmul_weight(x: torch.Tensor, weight: W4A16Weight, path: str = "auto", strict: bool = False) -> torch.Tensor:
+def matmul_weight(x: torch.Tensor, weight: W4A16Weight, path: str = "auto", strict: bool = False,
+                  pdl: bool = False) -> torch.Tensor:
     """`w4a16_matmul` on a `W4A16Weight`: its tensors were checked when it was made, so a call checks x only.
 
     Eager repeat calls on CUDA (path "auto", no act-order, x contiguous) repeat the launch kept from
-    the first call of the same (M, dtype, stream, strict) in `weight.repeat_launches` (launch.RepeatLaunch):
+    the first call of the same (M, dtype, stream, strict, pdl) in `weight.repeat_launches` (launch.RepeatLaunch):
     the plan of a shape never changes, so planning and building the arguments again is host time only. At most
     _KEPT_LAUNCHES_PER_WEIGHT keys are kept, the least recently used dropped first.
     """
     validate_activation(x, weight.in_features, weight.qweight.device)
     if path != "auto" or weight.perm is not None or not x.is_cuda or not x.is_contiguous():
         return _matmul_checked(x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features,
-                               weight.group_size, path, strict)
+                               weight.group_size, path, strict, pdl=pdl)
     kept = weight.repeat_launches
-    key = (x.numel() // weight.in_features, x.dtype, current_stream(x.device), strict)
+    key = (x.numel() // weight.in_features, x.dtype, current_stream(x.device), strict, pdl)
     repeat = _recently_used(kept, key)
     if repeat is not None and repeat.stale():  # the stream's split-K workspace was replaced: keep anew
         del kept[key]
@@ -120,11 +122,12 @@ def matmul_weight(x: torch.Tensor, weight: W4A16Weight, path: str = "auto", stri
     if keep:
         _make_room(kept)
     return _matmul_checked(x, weight.qweight, weight.scales, weight.zeros, None, weight.in_features, weight.group_size,
-                           path, strict, keep_into=(kept, key) if keep else None)
+                           path, strict, keep_into=(kept, key) if keep else None, pdl=pdl)
 
 
 def _matmul_checked(x, qweight, scales, zeros, perm, in_features: int, group_size: int, path: str = "auto", strict: bool = False,
-                    out: torch.Tensor | None = None, config: dict | None = None, keep_into: tuple | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, config: dict | None = None, keep_into: tuple | None = None,
+                    pdl: bool = False) -> torch.Tensor:
     """The body of `w4a16_matmul` on validated inputs (group_size the effective one): plan, launch.
     `keep_into=(dict, key)`: a Triton kernel's launch is also kept there for repeating (`matmul_weight`)."""
     lead = x.shape[:-1]
@@ -136,7 +139,7 @@ def _matmul_checked(x, qweight, scales, zeros, perm, in_features: int, group_siz
     if m == 0:
         return x.new_empty((*lead, n))
     plan = plan_gemm(m, n, in_features, group_size, x2.dtype, x2.device, path=path, symmetric=zeros is None, strict=strict,
-                     config=config, act_order=perm is not None)
+                     config=config, act_order=perm is not None, pdl=pdl)
     if out is not None and (tuple(out.shape) != (m, n) or out.dtype != x2.dtype or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous {x2.dtype} tensor of shape [M, N] = {(m, n)}, got {out.dtype} {tuple(out.shape)}")
     # act-order: one gather of x per call, before the GEMM (in the kernels' x loads it was 2-7x slower,
