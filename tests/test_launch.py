@@ -175,7 +175,7 @@ def test_more_batch_sizes_than_kept_launches(w4a16):
             assert _relative_error(w4a16.w4a16_linear(x, weight), x.double() @ ref) < TOL[torch.float16], m
         assert len(weight.repeat_launches) <= cap
         if w4a16.launch._fast_launch:
-            assert (m, torch.float16, stream, False) in weight.repeat_launches, m
+            assert (m, torch.float16, stream, False, False) in weight.repeat_launches, m
 
 
 def test_copies_of_a_weight_start_without_kept_launches(w4a16):
@@ -185,7 +185,7 @@ def test_copies_of_a_weight_start_without_kept_launches(w4a16):
     import pickle
 
     weight, ref = random_layer(w4a16, 256, 48, 128, False, torch.float16, "cpu", seed=23)
-    weight.repeat_launches[(1, torch.float16, 0, False)] = object()  # what a GPU call would have kept
+    weight.repeat_launches[(1, torch.float16, 0, False, False)] = object()  # what a GPU call would have kept
     for clone in (copy.copy(weight), copy.deepcopy(weight), pickle.loads(pickle.dumps(weight))):
         assert clone.repeat_launches == {}
         assert torch.equal(clone.qweight, weight.qweight) and torch.equal(clone.zeros, weight.zeros)
@@ -216,7 +216,7 @@ def test_repeat_pingpong_calls_match_reference(w4a16):
             full = w4a16.matmul.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, None, 4096, 128)
             assert torch.equal(y, full), (m, call)
         if w4a16.launch._fast_launch:
-            kept = weight.repeat_launches[(m, torch.float16, stream, False)]
+            kept = weight.repeat_launches[(m, torch.float16, stream, False, False)]
             assert isinstance(kept, w4a16.launch.RepeatLaunch) and kept.x_descriptor is not None
 
 
@@ -270,14 +270,14 @@ def test_repeat_calls_match_reference(w4a16):
     x_small, x_big = (torch.randn(m, 512, device="cuda", dtype=torch.float16) for m in (1, 64))
     with torch.cuda.stream(fresh):
         w4a16.w4a16_linear(x_small, weight)
-        first = weight.repeat_launches.get((1, torch.float16, fresh.cuda_stream, False))
+        first = weight.repeat_launches.get((1, torch.float16, fresh.cuda_stream, False, False))
         ys = [w4a16.w4a16_linear(x, weight) for x in (x_small, x_big, x_small, x_small)]
     torch.cuda.current_stream().wait_stream(fresh)
     for y, x in zip(ys, (x_small, x_big, x_small, x_small)):
         assert _relative_error(y, x.double() @ other_ref) < TOL[torch.float16], x.shape
     if fast:
         assert first is not None and first.scratch is not None  # a split-K plan (2 splits on this untuned shape)
-        assert first.stale() and weight.repeat_launches[(1, torch.float16, fresh.cuda_stream, False)] is not first
+        assert first.stale() and weight.repeat_launches[(1, torch.float16, fresh.cuda_stream, False, False)] is not first
 
     # a deep copy (as of a model) starts without kept launches and computes on its own tensors
     import copy

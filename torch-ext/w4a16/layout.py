@@ -174,7 +174,7 @@ class W4A16Weight:
     in_features: int  # K
     out_features: int  # N
     group_size: int  # effective G (K for per-channel)
-    # Eager calls' kept launches per (M, dtype, stream, strict) (matmul.matmul_weight): a cache, not state,
+    # Eager calls' kept launches per (M, dtype, stream, strict, pdl) (matmul.matmul_weight): a cache, not state,
     # never passed in; every new weight (a copy, `dataclasses.replace`) starts with an empty one. A plain dict, kept
     # least recently used first by matmul: torch.compile(fullgraph=True) cannot build an OrderedDict, and the hub
     # layer makes its weight inside the traced forward.
