@@ -122,7 +122,27 @@ def weight_bytes(model) -> int:
                if "cache" not in n and n not in ("cos", "sin", "positions") and not n.endswith((".cos", ".sin", ".positions")))
 
 
+def random_decoder(cfg, batch: int, context: int):
+    """The fp16 decoder with random weights (N(0, 0.02)) and a filled KV cache of random keys / values (room for 8
+    more tokens), one decode step's tokens [batch, 1] and position (the first free slot, a device tensor)."""
+    with torch.device("cuda"):
+        model = Decoder(cfg, batch, context + 8).half()
+    for p in model.parameters():
+        if p.dim() == 2:
+            p.data.normal_(0, 0.02)
+    for block in model.blocks:
+        block.k_cache.normal_()
+        block.v_cache.normal_()
+    tokens = torch.randint(0, cfg["vocab"], (batch, 1), device="cuda")
+    return model, tokens, torch.tensor([context], device="cuda")
+
+
 def graph_step_ms(model, tokens, pos, replays=30) -> float:
+    return graph_step(model, tokens, pos, replays)[0]
+
+
+def graph_step(model, tokens, pos, replays=30) -> tuple[float, torch.Tensor]:
+    """(ms per replay of one decode step captured in a CUDA graph, mean of `replays`; the step's logits)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream), torch.inference_mode():
@@ -131,7 +151,7 @@ def graph_step_ms(model, tokens, pos, replays=30) -> float:
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph), torch.inference_mode():
-        model(tokens, pos)
+        logits = model(tokens, pos)
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -140,7 +160,7 @@ def graph_step_ms(model, tokens, pos, replays=30) -> float:
         graph.replay()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) / replays
+    return start.elapsed_time(end) / replays, logits.clone()
 
 
 def rel_err(a, b) -> float:
@@ -222,20 +242,10 @@ def main() -> None:
     kernel = timing.load_kernel()
     cfg = dict(LLAMA3_8B, layers=args.layers)
     batches = [int(b) for b in args.batches.split(",")]
-    max_seq = args.context + 8
     torch.manual_seed(0)
     rows, quality = [], {}
     for batch in batches:
-        with torch.device("cuda"):
-            fp16 = Decoder(cfg, batch, max_seq).half()
-        for p in fp16.parameters():
-            if p.dim() == 2:
-                p.data.normal_(0, 0.02)
-        for block in fp16.blocks:  # a filled context of random keys / values
-            block.k_cache.normal_()
-            block.v_cache.normal_()
-        tokens = torch.randint(0, cfg["vocab"], (batch, 1), device="cuda")
-        pos = torch.tensor([args.context], device="cuda")
+        fp16, tokens, pos = random_decoder(cfg, batch, args.context)
         # every W4A16 model is converted (and checked) before any block is compiled: a deep copy of the fp16
         # model must not carry a compiled forward
         models = [("fp16", {}, fp16)]

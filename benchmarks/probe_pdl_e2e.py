@@ -65,31 +65,11 @@ def use_setting(kernel, setting: str, w4) -> None:
     dispatch._plan_cached.cache_clear()
 
 
-def step(model, tokens, pos, replays: int = 30) -> tuple[float, torch.Tensor]:
+def step(model, tokens, pos) -> tuple[float, torch.Tensor]:
     """(ms per graph replay of one compiled decode step, the step's logits)."""
     for block in model.blocks:
         block.compile(fullgraph=True)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream), torch.inference_mode():
-        for _ in range(3):
-            model(tokens, pos)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), torch.inference_mode():
-        logits = model(tokens, pos)
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    ms = start.elapsed_time(end) / replays
-    out = logits.clone()
-    del graph
-    return ms, out
+    return bench_e2e.graph_step(model, tokens, pos)
 
 
 def main() -> None:
@@ -109,18 +89,9 @@ def main() -> None:
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
         torch.manual_seed(0)
-        with torch.device("cuda"):
-            fp16 = bench_e2e.Decoder(cfg, batch, args.context + 8).half()
-        for p in fp16.parameters():
-            if p.dim() == 2:
-                p.data.normal_(0, 0.02)
-        for block in fp16.blocks:
-            block.k_cache.normal_()
-            block.v_cache.normal_()
+        fp16, tokens, pos = bench_e2e.random_decoder(cfg, batch, args.context)
         w4 = copy.deepcopy(fp16)
         kernel.layers.convert_to_w4a16(w4, group_size=128, skip=())
-        tokens = torch.randint(0, cfg["vocab"], (batch, 1), device="cuda")
-        pos = torch.tensor([args.context], device="cuda")
         reference = {}
         for rnd in range(args.rounds):
             for setting in SETTINGS:
