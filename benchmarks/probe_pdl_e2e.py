@@ -55,7 +55,7 @@ def use_setting(kernel, setting: str, w4) -> None:
     original = dispatch._probe_original_applicable
     if setting == "wait":
         def applicable(plan, act_order, device, group_size, k, pdl=False):
-            if plan.path in dispatch.GATHER_PDL_PATHS:
+            if plan.path in dispatch.PDL_PATHS:
                 plan = dispatch.Plan(plan.path, {**plan.config, "GATHER_PDL": True}, plan.source)
                 act_order = True  # (keeps GATHER_PDL; the call gathers nothing: its weight has no perm)
             return original(plan, act_order, device, group_size, k, pdl)

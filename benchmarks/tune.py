@@ -57,14 +57,17 @@ def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536, 
         return split_counts(tiles, k, sm_count, most)
 
     def cfg(bn, bm, w, st, split, operand=False, maxnreg=None):
-        c = {"BLOCK_N": bn, "BLOCK_M": bm, "SPLIT_K": split, "num_warps": w, "num_stages": st, "SCALE_IN_OPERAND": operand}
+        """A tile plan; operand None: no SCALE_IN_OPERAND key (the GEMV has no scale-in-operand form)."""
+        c = {"BLOCK_N": bn, "BLOCK_M": bm, "SPLIT_K": split, "num_warps": w, "num_stages": st}
+        if operand is not None:
+            c["SCALE_IN_OPERAND"] = operand
         return {**c, "maxnreg": maxnreg} if maxnreg else c
 
     if m <= 2:
         bm = 1 << (m - 1).bit_length()
         for bn, w, st in ((128, 4, 3), (256, 8, 3)):
-            for split in splits(-(-n // bn)):  # (the GEMV has no scale-in-operand form)
-                yield "gemv", {key: v for key, v in cfg(bn, bm, w, st, split).items() if key != "SCALE_IN_OPERAND"}
+            for split in splits(-(-n // bn)):
+                yield "gemv", cfg(bn, bm, w, st, split, operand=None)
     if m <= 64:
         bm = 16 if m <= 16 else (32 if m <= 32 else 64)
         # ONE_TOKEN (M = 1, fold): the fold's x sums from x's single row (sm_90 SASS: loop 358 -> 310

@@ -57,8 +57,9 @@ logger = logging.getLogger(__name__)
 PATHS = ("gemv", "splitk", "streamk", "tiled", "decode", "pingpong", "dense", "reference")
 TENSOR_CORE_PATHS = ("splitk", "streamk", "tiled")  # the paths of the tensor-core kernels (their options apply)
 GLUON_PATHS = ("decode", "pingpong")  # kernels written in Gluon: their tuned entries carry a FALLBACK plan
-PDL_PATHS = TENSOR_CORE_PATHS + ("decode",)  # kernels that can be a programmatic dependent (griddepcontrol.wait)
-GATHER_PDL_PATHS = PDL_PATHS  # ... of act-order's gather (GATHER_PDL) as of any kernel (a call's `pdl`: PDL)
+# kernels that can be a programmatic dependent (griddepcontrol.wait): of act-order's gather (GATHER_PDL) or of any
+# kernel (a call's `pdl`: PDL)
+PDL_PATHS = TENSOR_CORE_PATHS + ("decode",)
 _M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 _TUNED_DIR = Path(__file__).resolve().parent
 
@@ -169,11 +170,11 @@ def programmatic_launch(device: torch.device) -> bool:
 def _applicable(plan: Plan, act_order: bool, device: torch.device, group_size: int, k: int, pdl: bool = False) -> Plan:
     """`plan` without the options that do not apply to this call and with the call's PDL, decided once per plan (not
     per call), so that the plan says what runs: GATHER_PDL (act-order's GEMM launched as a programmatic dependent of
-    the gather of x) needs act-order weights, a path of GATHER_PDL_PATHS and `programmatic_launch`; ADJACENT_ROWS (the
+    the gather of x) needs act-order weights, a path of PDL_PATHS and `programmatic_launch`; ADJACENT_ROWS (the
     decode kernel's row order for its per-block scale and zero loads) needs `gemm_decode.adjacent_rows_apply` (not
     per-channel); PDL (the call's `pdl`: module docstring) is added for a path of PDL_PATHS under `programmatic_launch`."""
     dropped = set()
-    if plan.config.get("GATHER_PDL") and not (act_order and plan.path in GATHER_PDL_PATHS and programmatic_launch(device)):
+    if plan.config.get("GATHER_PDL") and not (act_order and plan.path in PDL_PATHS and programmatic_launch(device)):
         dropped.add("GATHER_PDL")
     if plan.config.get("ADJACENT_ROWS") and not adjacent_rows_apply(group_size, k):
         dropped.add("ADJACENT_ROWS")
@@ -287,6 +288,7 @@ def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, d
                  act_order: bool, pdl: bool = False) -> Plan:
     name, sm_count = _device_info(device)
     tuned = load_tuned_table(name)
+    plan = None
     if tuned is not None:
         file, table, by_format, table_sm_count = tuned
         row = tuned_row(table, by_format, mb, n, k, format_key(dtype, group_size, symmetric, act_order))
@@ -297,11 +299,10 @@ def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, d
             if "PROGRAMS" in cfg:
                 cfg["PROGRAMS"] = programs_for_device(cfg["PROGRAMS"], table_sm_count, sm_count)
             source = f"tuned:{file}" + ("" if runnable is row else f" (FALLBACK of a {row['path']} entry)")
-            plan = _applicable(Plan(runnable["path"], cfg, source), act_order, device, group_size, k, pdl)
-        else:
-            plan = _applicable(_heuristic(mb, n, k, sm_count), act_order, device, group_size, k, pdl)
-    else:
-        plan = _applicable(_heuristic(mb, n, k, sm_count), act_order, device, group_size, k, pdl)
+            plan = Plan(runnable["path"], cfg, source)
+    if plan is None:  # no table for this GPU, no entry for this shape, or none that can run here
+        plan = _heuristic(mb, n, k, sm_count)
+    plan = _applicable(plan, act_order, device, group_size, k, pdl)
     logger.debug("w4a16 plan M<=%d N=%d K=%d G=%d %s sym=%s act-order=%s on %s: %s", mb, n, k, group_size, dtype, symmetric,
                  act_order, name, plan)
     return plan

@@ -58,7 +58,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .dequant import MAGIC_PAIR, MAGIC_VALUE, concat_slices, operand_part, pack_pair, row_of, uint_as_float, unpack_slices
 from .dispatch import Plan
-from .launch import COMPILE_OPTIONS, PreparedLaunch, RepeatLaunch, current_stream, split_k_scratch, workspace_entry
+from .launch import (COMPILE_OPTIONS, PreparedLaunch, RepeatLaunch, current_stream, programmatic_dependence, split_k_scratch,
+                     workspace_entry)
 from .layout import K_BLOCK, N_TILE, groups_per_block
 
 __all__ = ["launch_gemm", "launch_gemm_kept", "dequantize_native"]
@@ -721,11 +722,8 @@ def _matmul_launch(plan: Plan, dtype: torch.dtype, device_type: str, symmetric: 
 def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_features, group_size, one_token,
                            stream_params) -> _MatmulLaunch:
     cfg = plan.config
-    # act-order on sm_90+ (the dispatcher keeps the option only there): a programmatic dependent of the
-    # gather of x, which `gather_columns(..., launch_dependents=True)` launched just before; with the call's
-    # `pdl` (PDL, sm_90+) of whatever kernel ran before, and releasing the one after
-    pdl = cfg.get("PDL", False)
-    wait_prior = cfg.get("GATHER_PDL", False) or pdl
+    # a programmatic dependent of act-order's gather (GATHER_PDL), or with the call's `pdl` (PDL) of any kernel
+    wait_prior, release_dependents = programmatic_dependence(cfg)
     block_n, block_m, split_k = cfg["BLOCK_N"], cfg["BLOCK_M"], cfg.get("SPLIT_K", 1)
     dot_parts = cfg.get("DOT_PARTS", 1)
     if dot_parts not in (1, 2, 4, 8):  # any other count would leave slices of a block out of the dot
@@ -757,7 +755,7 @@ def _prepare_matmul_launch(plan: Plan, dtype, device_type, symmetric, in_feature
         DOT_PARTS=dot_parts,
         WAIT_PRIOR=wait_prior,
         STREAM_PARAMS=stream_params and cfg.get("SCALE_IN_OPERAND", False),  # (the fold loads no operand params)
-        RELEASE_DEPENDENTS=pdl,
+        RELEASE_DEPENDENTS=release_dependents,
     )
     num_groups = in_features // group_size
     if plan.path == "streamk":

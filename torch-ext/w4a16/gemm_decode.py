@@ -54,7 +54,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .launch import TRITON_TYPE_NAMES, PreparedLaunch, RepeatLaunch, compile_gluon_for_sm90, current_stream
+from .launch import (TRITON_TYPE_NAMES, PreparedLaunch, RepeatLaunch, compile_gluon_for_sm90, current_stream,
+                     programmatic_dependence)
 from .layout import K_BLOCK, blocks_per_group, groups_per_block
 
 try:  # Gluon is experimental: absent before Triton 3.5, and its names move between releases
@@ -318,7 +319,8 @@ if HAVE_GLUON:
         its registers, 16 a step at BLOCK_M 8, are not held across steps). WAIT_PRIOR: launched as a programmatic
         dependent of the kernel before it (act-order's gather of x: plan option GATHER_PDL; any kernel: the call's
         `pdl`, plan option PDL): x's loads wait for it (griddepcontrol.wait); the words, scales and zeros of the first
-        blocks need not. RELEASE_DEPENDENTS (PDL): the next kernel may be launched once every program has started. EVICT_FIRST: the words loaded under L1 and L2
+        blocks need not. RELEASE_DEPENDENTS (PDL): the next kernel may be launched once every program has started.
+        EVICT_FIRST: the words loaded under L1 and L2
         evict-first policies (read once; it won on most large shapes and lost on some small ones, NOTES v35, v38)."""
         # integer zeros (uint8: 0..127, layout.py) and symmetric weights subtract the zero in the operand (one fma
         # per word, exact), which spares the x sums' MMAs (a third of them at BLOCK_M 8, for 13% more instructions);
@@ -520,10 +522,7 @@ def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int,
         raise ValueError(f"config num_warps must be a power of two <= 16 for path 'decode', got {warps!r}")
     if ahead not in (1, 2, 3):
         raise ValueError(f"config AHEAD must be 1, 2 or 3 for path 'decode', got {ahead!r}")
-    # a programmatic dependent of act-order's gather (GATHER_PDL) or, with the call's `pdl` (PDL), of any kernel before
-    # it; with PDL it also releases the kernel after it
-    pdl = bool(cfg.get("PDL", False))
-    wait_prior = bool(cfg.get("GATHER_PDL", False)) or pdl
+    wait_prior, release_dependents = programmatic_dependence(cfg)
     groups = groups_per_block(group_size, in_features)
     group_blocks = blocks_per_group(group_size, in_features)
     adjacent = bool(cfg.get("ADJACENT_ROWS", False)) and adjacent_rows_apply(group_size, in_features)
@@ -532,7 +531,7 @@ def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int,
                       PARAMS_VECTOR=adjacent and out_features % (rows // 8) == 0,
                       ZEROS_BY_X_SUM=bool(cfg.get("ZEROS_BY_X_SUM", False)), X_AT_USE=bool(cfg.get("X_AT_USE", False)),
                       WAIT_PRIOR=wait_prior, EVICT_FIRST=bool(cfg.get("EVICT_FIRST", False)),
-                      TOKENS_FIRST=tokens_first, RELEASE_DEPENDENTS=pdl)
+                      TOKENS_FIRST=tokens_first, RELEASE_DEPENDENTS=release_dependents)
     maxnreg = cfg.get("maxnreg")
     options = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {}), **({"launch_pdl": True} if wait_prior else {})}
     return constexprs, options

@@ -12,6 +12,8 @@ per-stream split-K scratch and a repeat-launch fast path. No kernels here; nothi
   be repeated with new addresses for some of its tensors (and new TMA descriptors).
 - `RepeatLaunch`: a GEMM's `BoundLaunch` with its output allocation and alignment checks: the eager
   repeat call's host path (`matmul.matmul_weight`).
+- `programmatic_dependence`: what a plan's GATHER_PDL / PDL options ask of a kernel (wait for the kernel before,
+  release the kernel after), read by the launchers of gemm.py and gemm_decode.py alike.
 - `compile_gluon_for_sm90`: a Gluon kernel compiled for sm_90 without a GPU, as a launch would specialise it (the
   CI check of the Gluon kernels, `compile_for_sm90` of gemm_decode.py and gemm_pingpong.py).
 """
@@ -22,7 +24,7 @@ import torch
 import triton
 
 __all__ = ["COMPILE_OPTIONS", "COUNTER_SLOT", "split_k_scratch", "workspace_entry", "current_stream", "PreparedLaunch",
-           "BoundLaunch", "RepeatLaunch", "TRITON_TYPE_NAMES", "compile_gluon_for_sm90"]
+           "BoundLaunch", "RepeatLaunch", "TRITON_TYPE_NAMES", "programmatic_dependence", "compile_gluon_for_sm90"]
 
 
 # Compile options every kernel of the package is built with, stated rather than left to Triton's defaults:
@@ -254,6 +256,15 @@ class RepeatLaunch:
         else:
             self.launch(addresses + (self.x_descriptor(x2),))
         return y
+
+
+def programmatic_dependence(config: dict) -> tuple[bool, bool]:
+    """(wait_prior, release_dependents) for a plan's launch configuration: a kernel launched as a programmatic
+    dependent waits (griddepcontrol.wait) for the kernel before it, after act-order's gather (GATHER_PDL) or after any
+    kernel (PDL, a call's `pdl`); with PDL it also releases the kernel after it (griddepcontrol.launch_dependents).
+    The dispatcher keeps either option only where it applies (`dispatch._applicable`)."""
+    pdl = bool(config.get("PDL", False))
+    return bool(config.get("GATHER_PDL", False)) or pdl, pdl
 
 
 TRITON_TYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8"}

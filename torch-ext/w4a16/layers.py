@@ -64,7 +64,7 @@ def _weight_of(module: nn.Module) -> W4A16Weight:
     )
 
 
-def _log_plan_once(module: nn.Module, weight: W4A16Weight, x: torch.Tensor) -> None:
+def _log_plan_once(module: nn.Module, weight: W4A16Weight, x: torch.Tensor, pdl: bool) -> None:
     """Log the GEMM plan of a module's first (eager, non-captured) forward at debug level.
 
     The forwards call this only while `module._w4a16_plan_logged` is false and never while
@@ -81,7 +81,7 @@ def _log_plan_once(module: nn.Module, weight: W4A16Weight, x: torch.Tensor) -> N
         logger.debug(
             "w4a16 %s [N=%d, K=%d] %s, M=%d %s on %s: %s",
             type(module).__name__, weight.out_features, weight.in_features, weight.describe(),
-            m, str(x.dtype).replace("torch.", ""), x.device, plan_for(weight, m, x.dtype, pdl=getattr(module, "pdl", False)),
+            m, str(x.dtype).replace("torch.", ""), x.device, plan_for(weight, m, x.dtype, pdl=pdl),
         )
 
 
@@ -103,12 +103,14 @@ def _kept_weight_of(module: nn.Module) -> W4A16Weight:
 
 def _forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The forward of `W4A16Linear` and of the hub layer: the GEMM on the module's buffers (+ bias)."""
-    pdl = getattr(module, "pdl", False)
     if torch.compiler.is_compiling():  # the view is built in the traced code (no module state written there)
-        return w4a16_linear(x, _weight_of(module), module.bias, pdl=pdl)
+        return w4a16_linear(x, _weight_of(module), module.bias, pdl=getattr(module, "pdl", False))
+    # eagerly from __dict__ (a plain attribute lives there): a hub layer's host module without `pdl` would cost an
+    # AttributeError raised by nn.Module.__getattr__ on every call
+    pdl = module.__dict__.get("pdl", False)
     weight = _kept_weight_of(module)
     if not getattr(module, "_w4a16_plan_logged", False):
-        _log_plan_once(module, weight, x)
+        _log_plan_once(module, weight, x, pdl)
     return w4a16_linear(x, weight, module.bias, pdl=pdl)
 
 
