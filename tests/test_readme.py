@@ -1,0 +1,79 @@
+"""README's quickstart runs as written: its Python blocks, in order, against the package loaded by their own
+`get_kernel` call (the session's local build: LOCAL_KERNELS, offline).
+
+Only what a reader supplies is supplied here: `MyModel` (a small model of `nn.Linear` layers and an `lm_head`), its
+input `x`, and the GPTQ layer `ckpt` and `w_ref` the importer lines take, written by tests/test_formats.py's independent
+encoder. The blocks' sizes are scaled down (K 4096 -> 256, N 11008 -> 384) and `cuda` becomes this machine's device.
+The results are then checked against float64 references, so a README whose API drifted from the package fails here.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+from test_formats import _gptq_checkpoint
+
+pytestmark = pytest.mark.kernels_ci
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+K, N = 256, 384  # the blocks' 4096 and 11008
+
+
+def quickstart_blocks() -> list[str]:
+    text = README.read_text()
+    section = text[text.index("## Quickstart"):text.index("\n## ", text.index("## Quickstart") + 1)]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def as_run_here(code: str, device: str) -> str:
+    code = code.replace(".cuda()", f".to({device!r})").replace('device="cuda"', f"device={device!r}")
+    return code.replace("4096", str(K)).replace("11008", str(N))
+
+
+class MyModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(K, 2 * K)
+        self.down = nn.Linear(2 * K, K, bias=False)
+        self.lm_head = nn.Linear(K, 100, bias=False)
+
+    def forward(self, x):
+        return self.lm_head(self.down(torch.relu(self.up(x))))
+
+
+def test_readme_quickstart_runs(w4a16, device):
+    blocks = quickstart_blocks()
+    assert len(blocks) == 3, "README's quickstart: the model, the PDL lines, one layer"
+    assert 'get_kernel("w4a16-kernels/w4a16", version=1)' in blocks[0]
+    torch.manual_seed(0)
+    ckpt, gptq_ref = _gptq_checkpoint(torch.Generator().manual_seed(1), K, N, 128, "v1", act_order=True)
+    x = torch.randn(2, K, device=device, dtype=torch.float16)
+    names = dict(MyModel=MyModel, x=x, w_ref=gptq_ref.t().to(device), print=lambda *a, **k: None,
+                 ckpt={key: value.to(device) for key, value in ckpt.items()})
+    inductor = pytest.importorskip("torch._inductor.config")
+    saved_pdl = inductor.triton.enable_pdl  # (the PDL block sets this process-wide setting: put it back)
+    try:
+        exec(compile(as_run_here(blocks[0], device), str(README), "exec"), names)
+        model = names["model"]  # every Linear but the skipped lm_head converted, and run
+        assert [type(m).__name__ for m in (model.up, model.down, model.lm_head)] == ["W4A16Linear"] * 2 + ["Linear"]
+        assert not model.up.pdl and names["y"].shape == (2, 100)
+        # the PDL block converts "in place of the call above": on a fresh model
+        names["model"] = MyModel().half().to(device)
+        exec(compile(as_run_here(blocks[1], device), str(README), "exec"), names)
+        model = names["model"]
+        assert all(type(m).__name__ == "W4A16Linear" and m.pdl for m in (model.up, model.down))  # (lm_head: the default skip)
+        exec(compile(as_run_here(blocks[2], device), str(README), "exec"), names)
+    finally:
+        inductor.triton.enable_pdl = saved_pdl
+    assert names["y"].shape == (2, N)
+
+    # block 3: the quantized layer's output against a float64 reference of its own codes
+    w = w4a16.dequantize_int4_grouped(names["packed"], names["scales"], names["zeros"], 128)
+    ref = x.double() @ w.to(device).double()
+    err = float((names["y"].double() - ref).norm() / ref.norm())
+    assert err < 2e-2, err
+    assert names["gptq"].act_order and (names["gptq"].in_features, names["gptq"].out_features) == (K, N)
