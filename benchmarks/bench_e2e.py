@@ -137,10 +137,6 @@ def random_decoder(cfg, batch: int, context: int):
     return model, tokens, torch.tensor([context], device="cuda")
 
 
-def graph_step_ms(model, tokens, pos, replays=30) -> float:
-    return graph_step(model, tokens, pos, replays)[0]
-
-
 def graph_step(model, tokens, pos, replays=30) -> tuple[float, torch.Tensor]:
     """(ms per replay of one decode step captured in a CUDA graph, mean of `replays`; the step's logits)."""
     stream = torch.cuda.Stream()
@@ -167,21 +163,22 @@ def rel_err(a, b) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def use_pdl(kernel, models, pdl: bool) -> None:
-    """Programmatic dependent launch on or off for the compiled steps (module docstring): Inductor's switch and every
-    W4A16 layer's `pdl`, compiled code dropped so that the next compile follows them."""
+def use_pdl(kernel, models, inductor: bool, layers: bool | None = None) -> None:
+    """Programmatic dependent launch for the compiled steps (module docstring): Inductor's switch (`inductor`) and
+    every W4A16 layer's `pdl` (`layers`, default: as `inductor`) in `models` ((impl, fields, model) triples),
+    compiled code dropped so that the next compile follows them."""
     import torch._dynamo
     import torch._inductor.config as inductor_config
 
-    if pdl and not hasattr(inductor_config.triton, "enable_pdl"):
-        raise SystemExit(f"--pdl on: torch {torch.__version__}'s Inductor has no triton.enable_pdl")
+    if inductor and not hasattr(inductor_config.triton, "enable_pdl"):
+        raise SystemExit(f"torch {torch.__version__}'s Inductor has no triton.enable_pdl")
     torch._dynamo.reset()
     if hasattr(inductor_config.triton, "enable_pdl"):
-        inductor_config.triton.enable_pdl = pdl
+        inductor_config.triton.enable_pdl = inductor
     for _, _, model in models:
         for module in model.modules():
             if isinstance(module, kernel.W4A16Linear):
-                module.pdl = pdl
+                module.pdl = inductor if layers is None else layers
 
 
 def time_step(rows: list, batch: int, method: str, impl: str, model, tokens, pos, **fields) -> None:
@@ -190,7 +187,7 @@ def time_step(rows: list, batch: int, method: str, impl: str, model, tokens, pos
         for block in model.blocks:
             block.compile(fullgraph=True)  # identical blocks share one compiled graph
     try:
-        ms = graph_step_ms(model, tokens, pos)
+        ms = graph_step(model, tokens, pos)[0]
     except Exception as exc:  # noqa: BLE001 - a failed compile is reported, the eager rows still count
         print(f"batch {batch:3d} {impl:6s} {method}: FAILED {exc!r}"[:600], flush=True)
         return

@@ -39,16 +39,9 @@ _INDUCTOR_PDL = ("inductor", "wait", "pdl")
 
 
 def use_setting(kernel, setting: str, w4) -> None:
-    """Inductor's PDL switch, the dispatcher patch and the layers' `pdl` for `setting`; compiled code and memoised
-    plans dropped."""
-    import torch._dynamo
-    import torch._inductor.config as inductor_config
-
-    torch._dynamo.reset()
-    inductor_config.triton.enable_pdl = setting in _INDUCTOR_PDL
-    for module in w4.modules():
-        if isinstance(module, kernel.W4A16Linear):
-            module.pdl = setting in ("pdl", "pdl_only")
+    """Inductor's PDL switch and the layers' `pdl` for `setting` (`bench_e2e.use_pdl`), and the dispatcher patch;
+    compiled code and memoised plans dropped."""
+    bench_e2e.use_pdl(kernel, [("w4a16", {}, w4)], setting in _INDUCTOR_PDL, setting in ("pdl", "pdl_only"))
     dispatch = kernel.dispatch
     if not hasattr(dispatch, "_probe_original_applicable"):
         dispatch._probe_original_applicable = dispatch._applicable

@@ -193,6 +193,8 @@ def test_pdl_on_layers_and_conversion(w4a16, device):
     x = torch.randn(5, 256, device=device, dtype=torch.float16)
     with torch.inference_mode():
         torch.testing.assert_close(model(x), ref_model(x), rtol=0, atol=0)
+        # traced, the forward reads `pdl` as eagerly (from the module's __dict__) without a graph break
+        torch.testing.assert_close(torch.compile(model, fullgraph=True)(x), ref_model(x), rtol=0, atol=0)
     layer = w4a16.W4A16Linear.from_linear(plain[2], group_size=64, pdl=True)
     assert layer.pdl and not w4a16.W4A16Linear.from_weight(layer.weight_view()).pdl
     for bad in (1, "yes", None):

@@ -103,11 +103,11 @@ def _kept_weight_of(module: nn.Module) -> W4A16Weight:
 
 def _forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The forward of `W4A16Linear` and of the hub layer: the GEMM on the module's buffers (+ bias)."""
-    if torch.compiler.is_compiling():  # the view is built in the traced code (no module state written there)
-        return w4a16_linear(x, _weight_of(module), module.bias, pdl=getattr(module, "pdl", False))
-    # eagerly from __dict__ (a plain attribute lives there): a hub layer's host module without `pdl` would cost an
+    # `pdl` read from __dict__, where a plain attribute lives: a hub layer's host module without it would cost an
     # AttributeError raised by nn.Module.__getattr__ on every call
     pdl = module.__dict__.get("pdl", False)
+    if torch.compiler.is_compiling():  # the view is built in the traced code (no module state written there)
+        return w4a16_linear(x, _weight_of(module), module.bias, pdl=pdl)
     weight = _kept_weight_of(module)
     if not getattr(module, "_w4a16_plan_logged", False):
         _log_plan_once(module, weight, x, pdl)
