@@ -2,7 +2,7 @@
 (`gemm_decode._decode_ws_kernel`: NOTES v40 lead 0's prototype, widened to 8 workers and with the option X_MASKED),
 against the tuned table's plans. Needs the kernel diff beside this file applied to the tree at c92c3be:
 
-    git apply benchmarks/results/logs/decode_ws_x_ring_8w_masked_c92c3be.diff
+    git apply benchmarks/results/logs/decode_ws_worker_forms_c92c3be.diff
     python benchmarks/results/logs/probe_decode_ws_c92c3be.py --out probe.json [--shapes ...] [--m 8,16,4,1]
         [--set ROWS=16,X_MASKED=True] [--forms 4x2r80,4x2r64] [--no-check] [--budget-s 420]
 
@@ -32,13 +32,15 @@ import timing  # noqa: E402
 # (workers, X_RING, launch maxnreg, worker registers): the idle default partition (4 warps) drops to 24 registers,
 # so 4 workers at 128 fit 80 per thread of the launch (3 CTAs per SM) and 8 workers at 104 fit 80 (2 CTAs per SM).
 # 4 workers at 104 fit 64 (4 CTAs per SM; ROWS 32 then spills).
+# A fifth element "s": `_decode_ws_staged_kernel` (words through the ring too; NOTES v42).
 WS_FORMS = [(4, 2, 80, 128), (4, 3, 80, 128), (4, 4, 80, 128), (8, 2, 80, 104), (8, 3, 80, 104), (4, 2, 64, 104),
-            (4, 3, 64, 104)]
+            (4, 3, 64, 104), (4, 2, 64, 104, "s"), (4, 3, 64, 104, "s"), (4, 2, 80, 128, "s")]
 
 
 def ws_call(kernel, x, w, y, cfg, m, form):
     gd = kernel.gemm_decode
-    warps, ring, maxnreg, regs = form
+    warps, ring, maxnreg, regs = form[:4]
+    staged = form[4:] == ("s",)
     cfg = {**cfg, "num_warps": warps}
     block_m = gd.decode_block_m(m, cfg)
     constexprs, _ = gd._launch_config({k: v for k, v in cfg.items() if k != "X_MASKED"}, block_m, w.in_features, w.out_features, w.group_size, w.zeros is None)
@@ -49,10 +51,15 @@ def ws_call(kernel, x, w, y, cfg, m, form):
     z = w.scales if w.zeros is None else w.zeros
 
     def call():
-        gd._decode_ws_kernel[grid](x, w.qweight, w.scales, z, y, m, w.out_features, w.in_features, x.stride(0),
-                                   y.stride(0), **constexprs, TOKENS_FIRST=tokens_first, X_RING=ring,
-                                   WORKER_REGS=regs, X_MASKED=bool(cfg.get("X_MASKED", False)), num_warps=4,
-                                   maxnreg=maxnreg)
+        if staged:
+            gd._decode_ws_staged_kernel[grid](x, w.qweight, w.scales, z, y, m, w.out_features, w.in_features,
+                                              x.stride(0), y.stride(0), **constexprs, TOKENS_FIRST=tokens_first,
+                                              X_RING=ring, WORKER_REGS=regs, num_warps=4, maxnreg=maxnreg)
+        else:
+            gd._decode_ws_kernel[grid](x, w.qweight, w.scales, z, y, m, w.out_features, w.in_features, x.stride(0),
+                                       y.stride(0), **constexprs, TOKENS_FIRST=tokens_first, X_RING=ring,
+                                       WORKER_REGS=regs, X_MASKED=bool(cfg.get("X_MASKED", False)), num_warps=4,
+                                       maxnreg=maxnreg)
         return y
     return call
 
@@ -73,7 +80,7 @@ def main() -> None:
     ap.add_argument("--m", default="8,16,4,1")
     ap.add_argument("--check-m", default="1,3,8,9,16", type=lambda v: [int(i) for i in v.split(",")])
     ap.add_argument("--budget-s", type=float, default=420.0)
-    ap.add_argument("--forms", default="", help="e.g. 4x2r80,4x3r64: workers x X_RING r launch maxnreg (default: all of WS_FORMS)")
+    ap.add_argument("--forms", default="", help="e.g. 4x2r80,4x3r64s: workers x X_RING r launch maxnreg, s: staged words (default: all of WS_FORMS)")
     ap.add_argument("--set", default="", help="plan options forced on every call, e.g. ROWS=16,ZEROS_BY_X_SUM=True, X_MASKED=True (rows past M zero-filled); "
                     "the table's plan is then timed as a decode plan with them too ('table+set')")
     ap.add_argument("--no-check", action="store_true", help="skip the other formats' correctness pass")
@@ -81,7 +88,7 @@ def main() -> None:
     args = ap.parse_args()
     forced = {k: (v == "True") if v in ("True", "False") else int(v)
               for k, v in (kv.split("=") for kv in args.set.split(",") if kv)}
-    forms = [f for f in WS_FORMS if not args.forms or f"{f[0]}x{f[1]}r{f[2]}" in args.forms.split(",")]
+    forms = [f for f in WS_FORMS if not args.forms or f"{f[0]}x{f[1]}r{f[2]}{''.join(f[4:])}" in args.forms.split(",")]
     t0 = time.perf_counter()
     kernel = timing.load_kernel()
     shapes = timing.select_shapes(args.shapes)
@@ -135,7 +142,7 @@ def main() -> None:
     # 2. correctness against the dense path, other formats (after the timing: a compile abort then loses less)
     formats = [] if args.no_check else [("fp16", 128, False), ("bf16", 128, False), ("fp16", 128, True), ("fp16", 64, False),
                ("bf16", 64, True), ("fp16", -1, False)]
-    check_forms = [WS_FORMS[1], WS_FORMS[3]]
+    check_forms = [f for f in forms if f[4:] == ("s",)] or [WS_FORMS[1], WS_FORMS[3]]
     for name, n, k in (("8B.o", 4096, 4096), ("70B.down", 8192, 28672)):
         for dname, g, sym in formats:
             dtype = getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[dname])
