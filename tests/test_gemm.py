@@ -480,6 +480,20 @@ def test_bad_inputs_raise_clear_errors(w4a16):
         w4a16.w4a16_linear(torch.randn(2, 256, device="meta").half(), weight)
     with pytest.raises(ValueError, match="path must be"):
         w4a16.w4a16_linear(torch.randn(2, 256).half(), weight, path="fast")
+    with pytest.raises(TypeError, match="symmetric must be True or False, got 'yes'"):
+        w4a16.quantize_weight_int4_grouped(w, 128, symmetric="yes")
+    for bad_m in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=r"m \(the call's tokens.*\) must be an int >= 0"):
+            w4a16.plan_for(weight, bad_m)
+    assert w4a16.plan_for(weight, 0).path  # an empty batch has a plan (the layers log it)
+    with pytest.raises(TypeError, match="dtype .* must be torch.float16 or torch.bfloat16, got torch.float32"):
+        w4a16.plan_for(weight, 4, torch.float32)
+    with pytest.raises(TypeError, match="weight must be a W4A16Weight, got Tensor"):
+        w4a16.plan_for(packed, 4)
+    with pytest.raises(TypeError, match="weight must be a W4A16Weight .*got Tensor"):
+        w4a16.w4a16_linear(torch.randn(2, 256).half(), packed)
+    with pytest.raises(ValueError, match=r"bias must have shape \(out_features,\) = \(32,\), got \(33,\)"):
+        w4a16.w4a16_linear(torch.randn(2, 256).half(), weight, torch.randn(33).half())
     with pytest.raises(ValueError, match="config DOT_PARTS must be 1, 2, 4 or 8"):
         w4a16.matmul.w4a16_matmul(torch.randn(2, 256).half(), weight.qweight, weight.scales, weight.zeros, None, 256, 128,
                                   path="tiled", config={"SCALE_IN_OPERAND": True, "DOT_PARTS": 3})

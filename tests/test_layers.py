@@ -325,6 +325,8 @@ def test_convert_to_w4a16(w4a16, device):
 
     with pytest.raises(ValueError, match="group_size"):
         layers.convert_to_w4a16(model, group_size=100)
+    with pytest.raises(TypeError, match="symmetric must be True or False, got 1"):
+        layers.convert_to_w4a16(model, symmetric=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,11 +339,13 @@ def test_plan_logged_once_at_debug(w4a16, device, caplog):
     layer = w4a16.layers.W4A16Linear.from_linear(_linear(device=device), group_size=G)
     x = torch.randn((3, K), device=device, dtype=torch.float16)
     with caplog.at_level(logging.DEBUG, logger=w4a16.layers.__name__):
+        with pytest.raises(TypeError, match="x must be a float16 or bfloat16 tensor"):  # x's error, not the log's
+            layer(x.float())
         layer(x)
         layer(x)
     records = [r for r in caplog.records if r.name == w4a16.layers.__name__]
     assert len(records) == 1
-    assert "W4A16Linear" in records[0].getMessage() and "M=3" in records[0].getMessage()
+    assert "W4A16Linear" in records[0].getMessage() and "M=3 float16" in records[0].getMessage()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -37,6 +37,11 @@ def w4a16_linear(
     kernel before does not write this weight's tensors (in a model's forward it writes activations). Pays in a CUDA
     graph whose other kernels take part too (torch.compile with `torch._inductor.config.triton.enable_pdl`).
     """
+    if not isinstance(weight, W4A16Weight):  # (a raw packed tensor would fail deep inside with an AttributeError)
+        raise TypeError(f"weight must be a W4A16Weight (from prepare_weight or import_gptq / import_awq / "
+                        f"import_compressed_tensors), got {type(weight).__name__}")
+    if bias is not None and bias.shape != (weight.out_features,):
+        raise ValueError(f"bias must have shape (out_features,) = ({weight.out_features},), got {tuple(bias.shape)}")
     # Eagerly, skip the op: the dispatcher round trip of a custom op costs tens of microseconds per
     # call, as much as the whole GEMM of a small layer, and the weight's tensors were checked when it
     # was made (`matmul_weight` checks x only). torch.compile sees the op.
@@ -66,6 +71,12 @@ def w4a16_gemm(
 def plan_for(weight: W4A16Weight, m: int, dtype: torch.dtype = torch.float16, strict: bool = False,
              pdl: bool = False) -> Plan:
     """The path and launch configuration a call with M = m tokens (and this `pdl`) will take on the weight's device."""
+    if not isinstance(weight, W4A16Weight):
+        raise TypeError(f"weight must be a W4A16Weight, got {type(weight).__name__}")
+    if not isinstance(m, int) or isinstance(m, bool) or m < 0:
+        raise ValueError(f"m (the call's tokens, x.numel() // in_features) must be an int >= 0, got {m!r}")
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"dtype (the activations') must be torch.float16 or torch.bfloat16, got {dtype}")
     return plan_gemm(
         m, weight.out_features, weight.in_features, weight.group_size, dtype, weight.qweight.device,
         symmetric=weight.symmetric, strict=strict, act_order=weight.act_order, pdl=pdl,

@@ -73,8 +73,8 @@ def _log_plan_once(module: nn.Module, weight: W4A16Weight, x: torch.Tensor, pdl:
     the flag does not make compiled code recompile. Per eager call that costs ~30 ns; a forward
     during CUDA-graph capture is skipped here (the next one logs).
     """
-    if x.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
+    if (x.is_cuda and torch.cuda.is_current_stream_capturing()) or x.dtype not in _HALF_DTYPES:
+        return  # (an x of another dtype: the forward raises its error next, and a later call logs)
     module._w4a16_plan_logged = True
     if logger.isEnabledFor(logging.DEBUG):
         m = x.numel() // max(x.shape[-1], 1)
@@ -381,6 +381,8 @@ def convert_to_w4a16(
     _check_group_size(group_size)
     if not isinstance(pdl, bool):
         raise TypeError(f"pdl must be True or False, got {pdl!r}")
+    if not isinstance(symmetric, bool):  # (checked here too: a model whose layers are all skipped never reaches it)
+        raise TypeError(f"symmetric must be True or False, got {symmetric!r}")
     if dtype is not None and dtype not in _HALF_DTYPES:
         raise TypeError(f"dtype must be None, float16 or bfloat16, got {dtype}")
     if isinstance(skip, str):

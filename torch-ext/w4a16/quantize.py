@@ -117,6 +117,8 @@ def quantize_weight_int4_grouped(
         raise ValueError(f"weight must be 2-D [K, N] (in_features, out_features), got shape {tuple(weight.shape)}")
     if weight.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"weight must be float16, bfloat16 or float32, got {weight.dtype}")
+    if not isinstance(symmetric, bool):  # ("yes" or 0 would silently pick a format)
+        raise TypeError(f"symmetric must be True or False, got {symmetric!r}")
     k, n = weight.shape
     g = validate_group_size(group_size, k)
     store_dtype = torch.float16 if weight.dtype == torch.float32 else weight.dtype
