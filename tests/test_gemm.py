@@ -601,6 +601,9 @@ def test_check_layer(w4a16):
     wrong[:, :8] = wrong[:, :8].flip(1)  # a wrong nibble order within the first word
     with pytest.raises(ValueError, match="check_layer failed"):
         w4a16.check_layer(weight, reference_linear_weight=wrong, batch_sizes=(1, 3))
+    for bad in ((), (0,), (1, -2), (1.5,)):  # an empty batch's error of 0 would pass the wrong weight too
+        with pytest.raises(ValueError, match="batch_sizes must be a non-empty sequence of ints >= 1"):
+            w4a16.check_layer(weight, reference_linear_weight=wrong, batch_sizes=bad)
 
 
 def test_split_k_counters_are_reused_clean(w4a16, device):

@@ -118,6 +118,16 @@ def test_extra_repr(w4a16):
     assert "bias=False" in r and "per-channel" in r and "sym" in r and "act-order" in r and "bfloat16" in r
 
 
+@pytest.mark.kernels_ci
+def test_constructor_flags_must_be_bools(w4a16):
+    # "no" is truthy: taken as is, it would build the symmetric format (or a bias) the caller did not ask for
+    W4A16Linear = w4a16.layers.W4A16Linear
+    for name, bad in (("bias", "no"), ("symmetric", "no"), ("act_order", 1)):
+        with pytest.raises(TypeError, match=f"{name} must be True or False, got {bad!r}"):
+            W4A16Linear(K, N, group_size=G, **{name: bad})
+    assert not W4A16Linear(K, N, bias=False, group_size=G, symmetric=False).symmetric
+
+
 # ---------------------------------------------------------------------------------------------
 # state_dict
 # ---------------------------------------------------------------------------------------------

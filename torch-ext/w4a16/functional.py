@@ -117,6 +117,9 @@ def check_layer(
     """
     n, k = weight.out_features, weight.in_features
     device = weight.qweight.device
+    if not batch_sizes or not all(isinstance(m, int) and not isinstance(m, bool) and m >= 1 for m in batch_sizes):
+        # (an empty batch has nothing to compare: its "error" of 0 would pass any layer)
+        raise ValueError(f"batch_sizes must be a non-empty sequence of ints >= 1, got {batch_sizes!r}")
     if reference_linear_weight is None:
         ref_w = weight.dequantize(torch.float64)  # [K, N]
     else:

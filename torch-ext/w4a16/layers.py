@@ -142,8 +142,9 @@ class W4A16Linear(nn.Module):
         pdl: bool = False,
     ) -> None:
         super().__init__()
-        if not isinstance(pdl, bool):
-            raise TypeError(f"pdl must be True or False, got {pdl!r}")
+        for name, flag in (("bias", bias), ("symmetric", symmetric), ("act_order", act_order), ("pdl", pdl)):
+            if not isinstance(flag, bool):  # ("no" is truthy: a silent wrong format)
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
         if out_features <= 0:
             raise ValueError(f"out_features must be positive, got {out_features}")
         g = validate_group_size(group_size, in_features)
