@@ -12,8 +12,9 @@ import torch
 
 from ._ops import ops
 from .dispatch import Plan, plan_gemm
-from .matmul import matmul_weight
+from .matmul import ACTIVATION_DTYPES, matmul_weight
 from .layout import W4A16Weight, prepare_weight
+from .quantize import is_int
 
 __all__ = ["w4a16_linear", "w4a16_gemm", "plan_for", "check_layer", "LayerCheck"]
 
@@ -37,11 +38,17 @@ def w4a16_linear(
     kernel before does not write this weight's tensors (in a model's forward it writes activations). Pays in a CUDA
     graph whose other kernels take part too (torch.compile with `torch._inductor.config.triton.enable_pdl`).
     """
-    if not isinstance(weight, W4A16Weight):  # (a raw packed tensor would fail deep inside with an AttributeError)
-        raise TypeError(f"weight must be a W4A16Weight (from prepare_weight or import_gptq / import_awq / "
-                        f"import_compressed_tensors), got {type(weight).__name__}")
+    _check_weight(weight)
     if bias is not None and bias.shape != (weight.out_features,):
         raise ValueError(f"bias must have shape (out_features,) = ({weight.out_features},), got {tuple(bias.shape)}")
+    return linear_unchecked(x, weight, bias, path, strict, pdl)
+
+
+def linear_unchecked(x: torch.Tensor, weight: W4A16Weight, bias: torch.Tensor | None, path: str, strict: bool,
+                     pdl: bool) -> torch.Tensor:
+    """`w4a16_linear` without its checks of `weight` and `bias` (x is still checked): for the layers' forward, so it
+    does not pay them per call. Their weight view is a W4A16Weight by construction; a W4A16Linear's bias has its
+    shape (constructor, load_state_dict), a hub layer's host module's bias is its own (the add checks its length)."""
     # Eagerly, skip the op: the dispatcher round trip of a custom op costs tens of microseconds per
     # call, as much as the whole GEMM of a small layer, and the weight's tensors were checked when it
     # was made (`matmul_weight` checks x only). torch.compile sees the op.
@@ -51,6 +58,12 @@ def w4a16_linear(
     else:
         y = matmul_weight(x, weight, path, strict, pdl)
     return y if bias is None else y + bias.to(y.dtype)
+
+
+def _check_weight(weight) -> None:
+    if not isinstance(weight, W4A16Weight):  # (a raw packed tensor would fail deep inside with an AttributeError)
+        raise TypeError(f"weight must be a W4A16Weight (from prepare_weight or import_gptq / import_awq / "
+                        f"import_compressed_tensors), got {type(weight).__name__}")
 
 
 def w4a16_gemm(
@@ -71,11 +84,10 @@ def w4a16_gemm(
 def plan_for(weight: W4A16Weight, m: int, dtype: torch.dtype = torch.float16, strict: bool = False,
              pdl: bool = False) -> Plan:
     """The path and launch configuration a call with M = m tokens (and this `pdl`) will take on the weight's device."""
-    if not isinstance(weight, W4A16Weight):
-        raise TypeError(f"weight must be a W4A16Weight, got {type(weight).__name__}")
-    if not isinstance(m, int) or isinstance(m, bool) or m < 0:
+    _check_weight(weight)
+    if not is_int(m) or m < 0:
         raise ValueError(f"m (the call's tokens, x.numel() // in_features) must be an int >= 0, got {m!r}")
-    if dtype not in (torch.float16, torch.bfloat16):
+    if dtype not in ACTIVATION_DTYPES:
         raise TypeError(f"dtype (the activations') must be torch.float16 or torch.bfloat16, got {dtype}")
     return plan_gemm(
         m, weight.out_features, weight.in_features, weight.group_size, dtype, weight.qweight.device,
@@ -117,7 +129,7 @@ def check_layer(
     """
     n, k = weight.out_features, weight.in_features
     device = weight.qweight.device
-    if not batch_sizes or not all(isinstance(m, int) and not isinstance(m, bool) and m >= 1 for m in batch_sizes):
+    if not batch_sizes or not all(is_int(m) and m >= 1 for m in batch_sizes):
         # (an empty batch has nothing to compare: its "error" of 0 would pass any layer)
         raise ValueError(f"batch_sizes must be a non-empty sequence of ints >= 1, got {batch_sizes!r}")
     if reference_linear_weight is None:

@@ -40,9 +40,9 @@ from dataclasses import replace as _dc_replace
 import torch
 from torch import nn
 
-from .functional import plan_for, w4a16_linear
+from .functional import linear_unchecked, plan_for
 from .layout import K_BLOCK, W4A16Weight, native_qweight_shape, prepare_weight
-from .quantize import SYMMETRIC_ZERO, quantize_weight_int4_grouped, validate_group_size
+from .quantize import SYMMETRIC_ZERO, check_flag, is_int, quantize_weight_int4_grouped, validate_group_size
 
 __all__ = ["W4A16Linear", "W4A16LinearForward", "ConversionSummary", "convert_to_w4a16"]
 
@@ -73,8 +73,8 @@ def _log_plan_once(module: nn.Module, weight: W4A16Weight, x: torch.Tensor, pdl:
     the flag does not make compiled code recompile. Per eager call that costs ~30 ns; a forward
     during CUDA-graph capture is skipped here (the next one logs).
     """
-    if (x.is_cuda and torch.cuda.is_current_stream_capturing()) or x.dtype not in _HALF_DTYPES:
-        return  # (an x of another dtype: the forward raises its error next, and a later call logs)
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
     module._w4a16_plan_logged = True
     if logger.isEnabledFor(logging.DEBUG):
         m = x.numel() // max(x.shape[-1], 1)
@@ -106,12 +106,14 @@ def _forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     # `pdl` read from __dict__, where a plain attribute lives: a hub layer's host module without it would cost an
     # AttributeError raised by nn.Module.__getattr__ on every call
     pdl = module.__dict__.get("pdl", False)
+    # (`linear_unchecked`: w4a16_linear without the per-call checks of the view and the bias, see its docstring)
     if torch.compiler.is_compiling():  # the view is built in the traced code (no module state written there)
-        return w4a16_linear(x, _weight_of(module), module.bias, pdl=pdl)
+        return linear_unchecked(x, _weight_of(module), module.bias, "auto", False, pdl)
     weight = _kept_weight_of(module)
-    if not getattr(module, "_w4a16_plan_logged", False):
+    y = linear_unchecked(x, weight, module.bias, "auto", False, pdl)
+    if not getattr(module, "_w4a16_plan_logged", False):  # after the GEMM: a bad x raises its own error first
         _log_plan_once(module, weight, x, pdl)
-    return w4a16_linear(x, weight, module.bias, pdl=pdl)
+    return y
 
 
 def _weight_bytes(weight: W4A16Weight) -> int:
@@ -143,8 +145,7 @@ class W4A16Linear(nn.Module):
     ) -> None:
         super().__init__()
         for name, flag in (("bias", bias), ("symmetric", symmetric), ("act_order", act_order), ("pdl", pdl)):
-            if not isinstance(flag, bool):  # ("no" is truthy: a silent wrong format)
-                raise TypeError(f"{name} must be True or False, got {flag!r}")
+            check_flag(name, flag)
         if out_features <= 0:
             raise ValueError(f"out_features must be positive, got {out_features}")
         g = validate_group_size(group_size, in_features)
@@ -338,7 +339,7 @@ def _check_group_size(group_size: int) -> None:
     """Reject a group size no layer could take (a per-layer misfit is a skip, not an error)."""
     if group_size == -1:
         return
-    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size <= 0:
+    if not is_int(group_size) or group_size <= 0:
         raise ValueError(f"group_size must be a positive int or -1 (per-channel), got {group_size!r}")
     validate_group_size(group_size, math.lcm(group_size, K_BLOCK))
 
@@ -380,10 +381,8 @@ def convert_to_w4a16(
     kernel before each GEMM writes activations, never weights.
     """
     _check_group_size(group_size)
-    if not isinstance(pdl, bool):
-        raise TypeError(f"pdl must be True or False, got {pdl!r}")
-    if not isinstance(symmetric, bool):  # (checked here too: a model whose layers are all skipped never reaches it)
-        raise TypeError(f"symmetric must be True or False, got {symmetric!r}")
+    check_flag("pdl", pdl)
+    check_flag("symmetric", symmetric)  # (here too: a model whose layers are all skipped never reaches from_linear)
     if dtype is not None and dtype not in _HALF_DTYPES:
         raise TypeError(f"dtype must be None, float16 or bfloat16, got {dtype}")
     if isinstance(skip, str):

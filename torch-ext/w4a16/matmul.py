@@ -24,9 +24,12 @@ from .quantize import apply_group_params
 __all__ = ["w4a16_matmul", "matmul_weight", "validate_gemm_inputs", "validate_activation", "launcher_for"]
 
 
+ACTIVATION_DTYPES = (torch.float16, torch.bfloat16)  # what x may be (y takes x's dtype)
+
+
 def validate_activation(x, in_features: int, device: torch.device) -> None:
     """Raise a clear TypeError / ValueError unless x is an fp16 / bf16 tensor [..., in_features] on `device`."""
-    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float16, torch.bfloat16):
+    if not isinstance(x, torch.Tensor) or x.dtype not in ACTIVATION_DTYPES:
         raise TypeError(f"x must be a float16 or bfloat16 tensor, got {getattr(x, 'dtype', type(x))}")
     if x.dim() < 1 or x.shape[-1] != in_features:
         raise ValueError(f"x must have in_features={in_features} as its last dim, got shape {tuple(x.shape)}")

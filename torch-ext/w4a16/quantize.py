@@ -33,9 +33,22 @@ SYMMETRIC_ZERO = 8
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
+def is_int(value) -> bool:
+    """Whether `value` is an int and not a bool (True would pass as 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_flag(name: str, value) -> bool:
+    """`value` if it is a bool, else a TypeError naming the argument: a truthy "no" or 1 would silently pick a format,
+    a bias or a launch form the caller did not ask for."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def resolve_group_size(group_size: int, in_features: int) -> int:
     """The effective group size: `-1` (or `in_features`) means one group spanning all of K."""
-    if not isinstance(group_size, int) or isinstance(group_size, bool):
+    if not is_int(group_size):
         raise TypeError(f"group_size must be an int, got {type(group_size).__name__}")
     return in_features if group_size == -1 else group_size
 
@@ -117,8 +130,7 @@ def quantize_weight_int4_grouped(
         raise ValueError(f"weight must be 2-D [K, N] (in_features, out_features), got shape {tuple(weight.shape)}")
     if weight.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"weight must be float16, bfloat16 or float32, got {weight.dtype}")
-    if not isinstance(symmetric, bool):  # ("yes" or 0 would silently pick a format)
-        raise TypeError(f"symmetric must be True or False, got {symmetric!r}")
+    check_flag("symmetric", symmetric)
     k, n = weight.shape
     g = validate_group_size(group_size, k)
     store_dtype = torch.float16 if weight.dtype == torch.float32 else weight.dtype
