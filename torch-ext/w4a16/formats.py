@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from .layout import W4A16Weight, prepare_weight
-from .quantize import pack_int4_k_major, validate_group_size
+from .quantize import check_flag, is_int, pack_int4_k_major, validate_group_size
 
 __all__ = ["import_gptq", "import_awq", "import_compressed_tensors"]
 
@@ -91,6 +91,7 @@ def import_gptq(
             "zero_convention must be 'v1' (classic GPTQ: stored zero = z - 1) or 'v2' (GPTQModel: stored "
             f"zero = z); read it from the checkpoint's quantization config. Got {zero_convention!r}"
         )
+    check_flag("symmetric", symmetric)  # ("no" is truthy: it would drop qzeros silently)
     k8, n = _check_2d_int32(qweight, "qweight", "[K/8, N]")
     k = k8 * 8
     g = validate_group_size(group_size, k)
@@ -175,7 +176,9 @@ def import_compressed_tensors(
     if weight_shape is not None:
         if isinstance(weight_shape, torch.Tensor):
             weight_shape = weight_shape.tolist()
-        shape = tuple(int(v) for v in weight_shape)
+        if not isinstance(weight_shape, Sequence) or not all(is_int(v) for v in weight_shape):
+            raise ValueError(f"weight_shape must be None or [N, K] as two ints (or an integer tensor), got {weight_shape!r}")
+        shape = tuple(weight_shape)
         if shape != (n, k):
             raise ValueError(f"weight_shape must be [N, K] = {(n, k)} (from weight_packed), got {shape}")
     zeros = None

@@ -14,7 +14,7 @@ from ._ops import ops
 from .dispatch import Plan, plan_gemm
 from .matmul import ACTIVATION_DTYPES, matmul_weight
 from .layout import W4A16Weight, prepare_weight
-from .quantize import is_int
+from .quantize import check_flag, is_int
 
 __all__ = ["w4a16_linear", "w4a16_gemm", "plan_for", "check_layer", "LayerCheck"]
 
@@ -39,9 +39,8 @@ def w4a16_linear(
     graph whose other kernels take part too (torch.compile with `torch._inductor.config.triton.enable_pdl`).
     """
     _check_weight(weight)
-    if bias is not None and bias.shape != (weight.out_features,):
-        raise ValueError(f"bias must have shape (out_features,) = ({weight.out_features},), got {tuple(bias.shape)}")
-    return linear_unchecked(x, weight, bias, path, strict, pdl)
+    check_bias(bias, weight.out_features, weight.qweight.device)
+    return linear_unchecked(x, weight, bias, path, check_flag("strict", strict), check_flag("pdl", pdl))
 
 
 def linear_unchecked(x: torch.Tensor, weight: W4A16Weight, bias: torch.Tensor | None, path: str, strict: bool,
@@ -58,6 +57,18 @@ def linear_unchecked(x: torch.Tensor, weight: W4A16Weight, bias: torch.Tensor | 
     else:
         y = matmul_weight(x, weight, path, strict, pdl)
     return y if bias is None else y + bias.to(y.dtype)
+
+
+def check_bias(bias, out_features: int, device: torch.device) -> None:
+    """Raise a clear TypeError / ValueError unless `bias` is None or a float tensor (out_features,) on `device`."""
+    if bias is None:
+        return
+    if not isinstance(bias, torch.Tensor) or not bias.dtype.is_floating_point:
+        raise TypeError(f"bias must be None or a floating-point tensor, got {getattr(bias, 'dtype', type(bias).__name__)}")
+    if tuple(bias.shape) != (out_features,):
+        raise ValueError(f"bias must have shape (out_features,) = ({out_features},), got {tuple(bias.shape)}")
+    if bias.device != device:
+        raise ValueError(f"bias is on {bias.device} but the weight is on {device}: all tensors must be on one device")
 
 
 def _check_weight(weight) -> None:
@@ -85,6 +96,8 @@ def plan_for(weight: W4A16Weight, m: int, dtype: torch.dtype = torch.float16, st
              pdl: bool = False) -> Plan:
     """The path and launch configuration a call with M = m tokens (and this `pdl`) will take on the weight's device."""
     _check_weight(weight)
+    check_flag("strict", strict)
+    check_flag("pdl", pdl)
     if not is_int(m) or m < 0:
         raise ValueError(f"m (the call's tokens, x.numel() // in_features) must be an int >= 0, got {m!r}")
     if dtype not in ACTIVATION_DTYPES:
@@ -127,14 +140,23 @@ def check_layer(
     The default tolerance suits an exact reference; against the original float weight the 4-bit
     quantization error itself (~5-10%) needs a looser one, and an off-by-one zero can hide in it.
     """
+    _check_weight(weight)
     n, k = weight.out_features, weight.in_features
     device = weight.qweight.device
-    if not batch_sizes or not all(is_int(m) and m >= 1 for m in batch_sizes):
+    if (not isinstance(batch_sizes, (tuple, list)) or not batch_sizes
+            or not all(is_int(m) and m >= 1 for m in batch_sizes)):
         # (an empty batch has nothing to compare: its "error" of 0 would pass any layer)
-        raise ValueError(f"batch_sizes must be a non-empty sequence of ints >= 1, got {batch_sizes!r}")
+        raise ValueError(f"batch_sizes must be a non-empty tuple or list of ints >= 1, got {batch_sizes!r}")
+    if dtype not in ACTIVATION_DTYPES:
+        raise TypeError(f"dtype (the activations') must be torch.float16 or torch.bfloat16, got {dtype}")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
+        raise ValueError(f"tolerance must be a number > 0 (a relative error bound), got {tolerance!r}")
     if reference_linear_weight is None:
         ref_w = weight.dequantize(torch.float64)  # [K, N]
     else:
+        if not isinstance(reference_linear_weight, torch.Tensor) or not reference_linear_weight.dtype.is_floating_point:
+            raise TypeError(f"reference_linear_weight must be None or a float tensor [N, K], "
+                            f"got {getattr(reference_linear_weight, 'dtype', type(reference_linear_weight).__name__)}")
         if tuple(reference_linear_weight.shape) != (n, k):
             raise ValueError(
                 f"reference_linear_weight must have shape [N, K] = {(n, k)}, got {tuple(reference_linear_weight.shape)}"

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from .functional import linear_unchecked, plan_for
-from .layout import K_BLOCK, W4A16Weight, native_qweight_shape, prepare_weight
+from .layout import K_BLOCK, W4A16Weight, native_qweight_shape, prepare_weight, validate_permutation
 from .quantize import SYMMETRIC_ZERO, check_flag, is_int, quantize_weight_int4_grouped, validate_group_size
 
 __all__ = ["W4A16Linear", "W4A16LinearForward", "ConversionSummary", "convert_to_w4a16"]
@@ -146,8 +146,9 @@ class W4A16Linear(nn.Module):
         super().__init__()
         for name, flag in (("bias", bias), ("symmetric", symmetric), ("act_order", act_order), ("pdl", pdl)):
             check_flag(name, flag)
-        if out_features <= 0:
-            raise ValueError(f"out_features must be positive, got {out_features}")
+        for name, size in (("in_features", in_features), ("out_features", out_features)):
+            if not is_int(size) or size <= 0:
+                raise ValueError(f"{name} must be an int > 0, got {size!r}")
         g = validate_group_size(group_size, in_features)
         if dtype not in _HALF_DTYPES:
             raise TypeError(f"dtype (of scales, zeros and bias) must be float16 or bfloat16, got {dtype}")
@@ -202,6 +203,8 @@ class W4A16Linear(nn.Module):
         layer.zeros = weight.zeros
         layer.perm = weight.perm
         if bias is not None:
+            if not isinstance(bias, torch.Tensor) or not bias.dtype.is_floating_point:
+                raise TypeError(f"bias must be None or a floating-point tensor [N], got {getattr(bias, 'dtype', type(bias).__name__)}")
             if tuple(bias.shape) != (n,):
                 raise ValueError(f"bias must have shape [N] = ({n},), got {tuple(bias.shape)}")
             layer.bias = bias.detach().to(device=weight.qweight.device, dtype=dtype).contiguous()
@@ -247,6 +250,13 @@ class W4A16Linear(nn.Module):
         zeros = state_dict.get(prefix + "zeros")
         if isinstance(zeros, torch.Tensor) and self.zeros is not None and zeros.dtype != self.zeros.dtype:
             self.zeros = self.zeros.to(zeros.dtype)
+        # A perm is checked once here (one sync): the kernels gather x through it without bounds checks.
+        perm = state_dict.get(prefix + "perm")
+        if isinstance(perm, torch.Tensor) and perm.device.type != "meta" and self.perm is not None:
+            if perm.dtype.is_floating_point or tuple(perm.shape) != (self.in_features,):
+                raise ValueError(f"{prefix}perm must be an integer tensor [in_features] = ({self.in_features},), "
+                                 f"got {perm.dtype} {tuple(perm.shape)}")
+            validate_permutation(perm, self.in_features)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # ------------------------------------------------------------------------------------------
@@ -387,6 +397,8 @@ def convert_to_w4a16(
         raise TypeError(f"dtype must be None, float16 or bfloat16, got {dtype}")
     if isinstance(skip, str):
         skip = (skip,)
+    if skip is not None and not (isinstance(skip, (tuple, list, set, frozenset)) and all(isinstance(p, str) for p in skip)):
+        raise TypeError(f"skip must be None, a string or a sequence of strings (module name patterns), got {skip!r}")
     skip = tuple(skip or ())
     summary = ConversionSummary()
     if isinstance(model, nn.Linear):

@@ -46,6 +46,7 @@ __all__ = [
     "K_BLOCK",
     "W4A16Weight",
     "prepare_weight",
+    "validate_permutation",
     "N_TILE",
     "groups_per_block",
     "blocks_per_group",
@@ -112,14 +113,17 @@ def act_order_permutation(g_idx: torch.Tensor, group_size: int) -> torch.Tensor 
 
     Returns None for the identity (no act-order), so a trivial g_idx costs nothing per call.
     """
+    if not isinstance(g_idx, torch.Tensor) or g_idx.dtype.is_floating_point or g_idx.dtype.is_complex or g_idx.dtype == torch.bool:
+        raise TypeError(f"g_idx must be an integer tensor [K], got {getattr(g_idx, 'dtype', type(g_idx).__name__)}")
     if g_idx.dim() != 1:
         raise ValueError(f"g_idx must be 1-D [K], got shape {tuple(g_idx.shape)}")
-    if g_idx.dtype.is_floating_point:
-        raise TypeError(f"g_idx must be an integer tensor, got {g_idx.dtype}")
     k = g_idx.numel()
     g = g_idx.to(torch.int64)
+    # (bincount refuses negative values with its own message: the range is checked first)
+    if k and bool((g < 0).any()):
+        raise ValueError(f"g_idx must hold group indices in 0..K/G-1 = 0..{k // group_size - 1}, got a minimum of {int(g.min())}")
     counts = torch.bincount(g, minlength=k // group_size)
-    if g.min() < 0 or counts.numel() != k // group_size or bool((counts != group_size).any()):
+    if counts.numel() != k // group_size or bool((counts != group_size).any()):
         raise ValueError(
             f"g_idx must assign exactly group_size={group_size} rows to each of the K/G={k // group_size} groups"
         )
@@ -133,6 +137,14 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _ZERO_DTYPES = _FLOAT_DTYPES + (torch.uint8,)  # uint8: integer zero points (the kernels' fast form)
 
 
+def validate_permutation(perm: torch.Tensor, in_features: int) -> None:
+    """Raise a ValueError unless `perm` [K] holds each of 0..K-1 once (one host sync: for load time, e.g. a state_dict;
+    the kernels gather x through it without bounds checks, so a value out of range would read past x's rows)."""
+    k = in_features
+    if perm.numel() != k or not bool((torch.sort(perm.reshape(-1).to(torch.int64)).values == torch.arange(k, device=perm.device)).all()):
+        raise ValueError(f"perm must be a permutation of 0..K-1 = 0..{k - 1} (act-order's row order), and it is not")
+
+
 def validate_weight_tensors(qweight, scales, zeros, perm, in_features: int, group_size: int) -> int:
     """Raise a clear TypeError / ValueError unless the tensors form a kernel-native weight with
     K = in_features (shapes and dtypes of the module docstring, all on one device); N is taken from
@@ -140,7 +152,7 @@ def validate_weight_tensors(qweight, scales, zeros, perm, in_features: int, grou
     k = in_features
     group_size = validate_group_size(group_size, k)  # also checks K
     if not isinstance(scales, torch.Tensor) or scales.dtype not in _FLOAT_DTYPES or scales.dim() != 2 or scales.shape[0] != k // group_size:
-        raise ValueError(f"scales must be a float tensor of shape [K/G, N] with K/G = {k // group_size}, "
+        raise ValueError(f"scales must be a float16, bfloat16 or float32 tensor of shape [K/G, N] with K/G = {k // group_size}, "
                          f"got {getattr(scales, 'dtype', type(scales))} {tuple(getattr(scales, 'shape', ()))}")
     n = scales.shape[1]  # N (qweight's rows are padded to whole 64-row tiles)
     expected = native_qweight_shape(n, k)
@@ -149,11 +161,20 @@ def validate_weight_tensors(qweight, scales, zeros, perm, in_features: int, grou
     if tuple(qweight.shape) != expected:
         raise ValueError(f"qweight must have shape [ceil(N/64), ceil(K/128), 64, 16] = {list(expected)} "
                          f"for N={n}, K={k} (layout.py), got {tuple(qweight.shape)}")
-    if zeros is not None and (zeros.dtype not in _ZERO_DTYPES or tuple(zeros.shape) != (k // group_size, n)):
-        raise ValueError(f"zeros must be None or a float or uint8 tensor of shape [K/G, N] = {(k // group_size, n)}, "
-                         f"got {zeros.dtype} {tuple(zeros.shape)}")
-    if perm is not None and (perm.dtype not in (torch.int32, torch.int64) or tuple(perm.shape) != (k,)):
-        raise ValueError(f"perm must be None or an int32 (or int64) tensor of shape [K] = ({k},), got {perm.dtype} {tuple(perm.shape)}")
+    if zeros is not None and (not isinstance(zeros, torch.Tensor) or zeros.dtype not in _ZERO_DTYPES
+                              or tuple(zeros.shape) != (k // group_size, n)):
+        raise ValueError(f"zeros must be None or a float16, bfloat16, float32 or uint8 tensor of shape [K/G, N] = "
+                         f"{(k // group_size, n)}, got {getattr(zeros, 'dtype', type(zeros))} {tuple(getattr(zeros, 'shape', ()))}")
+    if perm is not None and (not isinstance(perm, torch.Tensor) or perm.dtype not in (torch.int32, torch.int64)
+                             or tuple(perm.shape) != (k,)):
+        raise ValueError(f"perm must be None or an int32 (or int64) tensor of shape [K] = ({k},), "
+                         f"got {getattr(perm, 'dtype', type(perm))} {tuple(getattr(perm, 'shape', ()))}")
+    for name, t in (("qweight", qweight), ("scales", scales), ("zeros", zeros), ("perm", perm)):
+        # the kernels compute addresses from the shapes alone: a transposed or sliced view would be read as if it were
+        # contiguous, a silently wrong result
+        if t is not None and not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (the kernels read it by shape, not strides), got strides "
+                             f"{t.stride()} for shape {tuple(t.shape)}: pass {name}.contiguous()")
     for name, t in (("scales", scales), ("zeros", zeros), ("perm", perm)):
         if t is not None and t.device != qweight.device:
             raise ValueError(f"{name} is on {t.device} but qweight is on {qweight.device}: all tensors must be on one device")
@@ -273,10 +294,14 @@ def prepare_weight(
         if tuple(zeros.shape) != (k // g, n):
             raise ValueError(f"zeros must have shape [K/G, N] = {(k // g, n)}, got {tuple(zeros.shape)}")
         devices.add(zeros.device)
+        if zeros.dtype == torch.float64:  # (the kernels read fp16 / bf16 / fp32 zeros; integer ones become uint8 below)
+            zeros = zeros.to(torch.float32)
         zeros = integer_zeros_as_uint8(zeros)
         if bool((zeros == SYMMETRIC_ZERO).all()):
             zeros = None
     if g_idx is not None:
+        if not isinstance(g_idx, torch.Tensor):
+            raise TypeError(f"g_idx must be None or an integer tensor [K], got {type(g_idx).__name__}")
         if tuple(g_idx.shape) != (k,):
             raise ValueError(f"g_idx must have shape [K] = ({k},), got {tuple(g_idx.shape)}")
         devices.add(g_idx.device)

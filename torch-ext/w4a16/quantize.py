@@ -74,6 +74,8 @@ def validate_group_size(group_size: int, in_features: int) -> int:
 
 
 def _check_codes(codes: torch.Tensor, name: str) -> None:
+    if not isinstance(codes, torch.Tensor):
+        raise TypeError(f"{name} must be an integer tensor [K, N] of 4-bit codes, got {type(codes).__name__}")
     if codes.dim() != 2:
         raise ValueError(f"{name} must be 2-D [K, N], got shape {tuple(codes.shape)}")
     if codes.dtype.is_floating_point or codes.dtype == torch.bool:
@@ -96,8 +98,8 @@ def pack_int4_k_major(codes: torch.Tensor) -> torch.Tensor:
 
 def unpack_int4_k_major(packed: torch.Tensor) -> torch.Tensor:
     """Inverse of `pack_int4_k_major`: int32 [K/8, N] -> uint8 codes [K, N]."""
-    if packed.dtype != torch.int32:
-        raise TypeError(f"packed must be int32, got {packed.dtype}")
+    if not isinstance(packed, torch.Tensor) or packed.dtype != torch.int32:
+        raise TypeError(f"packed must be an int32 tensor [K/8, N], got {getattr(packed, 'dtype', type(packed).__name__)}")
     if packed.dim() != 2:
         raise ValueError(f"packed must be 2-D [K/8, N], got shape {tuple(packed.shape)}")
     k8, n = packed.shape
@@ -177,15 +179,23 @@ def dequantize_int4_grouped(
 ) -> torch.Tensor:
     """Reconstruct the weight [K, N] = (q - z) * s from the seed layout, computed in float64.
 
-    `zeros=None` means symmetric (z = 8). The result is returned in `dtype` (default: the scales' dtype).
+    `zeros=None` means symmetric (z = 8). The result is returned in `dtype` (default: the scales' dtype;
+    pass torch.float64 for the exact reconstruction, e.g. as a test's ground truth).
     """
     codes = unpack_int4_k_major(packed)
     k, n = codes.shape
     g = validate_group_size(group_size, k)
+    if not isinstance(scales, torch.Tensor) or not scales.dtype.is_floating_point:
+        raise TypeError(f"scales must be a floating-point tensor [K/G, N], got {getattr(scales, 'dtype', type(scales).__name__)}")
     if scales.dim() != 2 or tuple(scales.shape) != (k // g, n):
         raise ValueError(f"scales must have shape [K/G, N] = {(k // g, n)}, got {tuple(scales.shape)}")
+    if zeros is not None and (not isinstance(zeros, torch.Tensor) or not (zeros.dtype.is_floating_point or zeros.dtype == torch.uint8)):
+        raise TypeError(f"zeros must be None or a floating-point or uint8 tensor [K/G, N], "
+                        f"got {getattr(zeros, 'dtype', type(zeros).__name__)}")
     if zeros is not None and tuple(zeros.shape) != (k // g, n):
         raise ValueError(f"zeros must have shape [K/G, N] = {(k // g, n)}, got {tuple(zeros.shape)}")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be None or a floating-point torch.dtype, got {dtype!r}")
     return apply_group_params(codes, scales, zeros, g, torch.float64).to(dtype or scales.dtype)
 
 
