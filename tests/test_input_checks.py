@@ -177,3 +177,11 @@ def test_conversion_and_import_arguments(w4a16):
     with pytest.raises(ValueError, match="weight_shape must be None or \\[N, K\\] as two ints"):
         w4a16.import_compressed_tensors(**ct, weight_shape=[16.7, 128])
     assert w4a16.import_compressed_tensors(**ct, weight_shape=torch.tensor([n, k])).out_features == n
+
+
+def test_plan_gemm_takes_a_device_string(w4a16):
+    plan = w4a16.plan_gemm(4, 96, 512, 128, torch.float16, "cpu")
+    assert plan == w4a16.plan_gemm(4, 96, 512, 128, torch.float16, torch.device("cpu"))
+    assert plan.path == "reference"  # (CPU tensors: the plain torch path)
+    with pytest.raises(TypeError, match="device must be a torch.device or a device string, got int"):
+        w4a16.plan_gemm(4, 96, 512, 128, torch.float16, 0)

@@ -327,8 +327,13 @@ def plan_gemm(
     (module docstring), plan option PDL where it applies.
 
     With `strict=True`, a plan that does not come from a tuned table for this GPU and shape raises
-    RuntimeError (so a deployment notices a silent fallback to a generic configuration).
+    RuntimeError (so a deployment notices a silent fallback to a generic configuration). `device` may be given as a
+    string ("cuda:0").
     """
+    if isinstance(device, str):
+        device = torch.device(device)
+    elif not isinstance(device, torch.device):
+        raise TypeError(f"device must be a torch.device or a device string, got {type(device).__name__}")
     if path != "auto":
         return _applicable(_forced(path, m, n, k, config), act_order, device, group_size, k, pdl)
     if config is not None:
