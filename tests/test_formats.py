@@ -205,6 +205,10 @@ def test_compressed_tensors_exact(w4a16, k, n, g, with_zp, infer):
 # ---------------------------------------------------------------------------------------------
 
 
+# check_layer's error on a failed comparison (functional.py), not some other ValueError on the way
+CHECK_LAYER_FAILED = r"w4a16 check_layer failed for .*: relative errors \{1: .*, 3: .*\} exceed 0\.01"
+
+
 def test_check_layer_accepts_correct_imports(w4a16):
     gen = torch.Generator().manual_seed(21)
     ckpt, ref = _awq_checkpoint(gen, 256, 32, 64)
@@ -219,7 +223,7 @@ def test_check_layer_catches_wrong_nibble_order(w4a16):
     gen = torch.Generator().manual_seed(22)
     ckpt, ref = _awq_checkpoint(gen, 256, 32, 64, order=NATURAL)
     weight = w4a16.import_awq(**ckpt, group_size=64)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=CHECK_LAYER_FAILED):
         w4a16.check_layer(weight, reference_linear_weight=ref.t(), batch_sizes=(1, 3))
 
 
@@ -239,7 +243,7 @@ def test_check_layer_catches_wrong_zero_convention(w4a16):
     _assert_exact(right, ref, k, n)
     w4a16.check_layer(right, reference_linear_weight=ref.t(), batch_sizes=(1, 3))
     wrong = w4a16.import_gptq(**ckpt, group_size=g, zero_convention="v2")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=CHECK_LAYER_FAILED):
         w4a16.check_layer(wrong, reference_linear_weight=ref.t(), batch_sizes=(1, 3))
 
 

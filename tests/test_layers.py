@@ -11,6 +11,7 @@ import logging
 
 import pytest
 import torch
+from test_gemm import rtn_codes, rtn_scales
 from torch import nn
 
 K, N, G = 256, 96, 64
@@ -27,10 +28,31 @@ def _linear(k=K, n=N, bias=True, dtype=torch.float16, device="cpu", seed=0):
     return lin.to(device=device, dtype=dtype)
 
 
-def _reference(layer, x):
-    """float64 x @ W + b from the layer's own codes (W4A16Weight.dequantize)."""
-    y = x.to(torch.float64) @ layer.weight_view().dequantize(torch.float64)
-    return y if layer.bias is None else y + layer.bias.to(torch.float64)
+def _rtn(lin, group_size, symmetric, dtype=None) -> dict:
+    """The linear's weight quantized here, independently of the package (test_gemm's round-to-nearest min-max
+    `rtn_scales` / `rtn_codes` in float64), in the dtype `from_linear` documents (its `dtype`, by default the
+    linear's if fp16/bf16, else fp16; an fp32 weight is quantized as it is, its scales stored in fp16):
+    codes [K, N], scales and zeros [K/G, N] and the float64 weight [K, N], all on the CPU."""
+    w = lin.weight.detach().cpu().t()
+    dtype = dtype or (w.dtype if w.dtype in DTYPES else torch.float16)
+    if not (w.dtype == torch.float32 and dtype == torch.float16):
+        w = w.to(dtype)
+    scales, _ = rtn_scales(w, group_size, symmetric)
+    return {**rtn_codes(w, group_size, symmetric, scales), "scales": scales}
+
+
+def _reference(x, weight, bias=None):
+    """float64 x @ W (+ b) for a float64 weight [K, N] (on the CPU) made by the test, not by the package."""
+    y = x.to(torch.float64) @ weight.to(x.device)
+    return y if bias is None else y + bias.to(torch.float64)
+
+
+def _weight(q: dict, zeros=None, scales=None):
+    """(codes - z) * s [K, N] in float64 from `_rtn`'s codes, with other zeros / scales [K/G, N] where given."""
+    g = q["codes"].shape[0] // q["scales"].shape[0]
+    z = (q["zeros"] if zeros is None else zeros.cpu().to(torch.float64)).repeat_interleave(g, dim=0)
+    s = (q["scales"] if scales is None else scales.cpu().to(torch.float64)).repeat_interleave(g, dim=0)
+    return (q["codes"].to(torch.float64) - z) * s
 
 
 def _assert_close_to_reference(y, ref, dtype):
@@ -80,19 +102,21 @@ def test_from_linear_matches_reference(w4a16, device, dtype, symmetric):
     assert layer.scales.dtype == dtype and layer.bias.dtype == dtype
     torch.testing.assert_close(layer.bias, lin.bias.detach(), rtol=0, atol=0)
 
-    # The quantized weight is the linear's weight within half a quantization step.
-    w_q = layer.dequantized_weight(torch.float64)  # [N, K]
-    step = layer.scales.to(torch.float64).repeat_interleave(G, dim=0).t()
-    assert bool(((w_q - lin.weight.detach().to(torch.float64)).abs() <= 0.5 * step * (1 + 1e-6)).all())
+    # The layer holds the independent quantization of the linear's weight (the same codes, scales and zeros), which
+    # is the weight within half of its step; the forward is checked against that weight, not the layer's own.
+    q = _rtn(lin, G, symmetric)
+    assert torch.equal(layer.dequantized_weight(torch.float64).cpu(), q["weight"].t())
+    step = q["scales"].repeat_interleave(G, dim=0)
+    assert bool(((q["weight"] - lin.weight.detach().cpu().t().to(torch.float64)).abs() <= 0.5 * step * (1 + 1e-6)).all())
 
     gen = torch.Generator().manual_seed(1)
     for m in (1, 3, 16):
         x = torch.randn((m, K), generator=gen).to(device=device, dtype=dtype)
         y = layer(x)
         assert y.dtype == dtype and tuple(y.shape) == (m, N)
-        _assert_close_to_reference(y, _reference(layer, x), dtype)
+        _assert_close_to_reference(y, _reference(x, q["weight"], lin.bias.detach()), dtype)
     x3 = torch.randn((2, 3, K), generator=gen).to(device=device, dtype=dtype)
-    _assert_close_to_reference(layer(x3), _reference(layer, x3), dtype)
+    _assert_close_to_reference(layer(x3), _reference(x3, q["weight"], lin.bias.detach()), dtype)
 
 
 @pytest.mark.kernels_ci
@@ -102,10 +126,12 @@ def test_from_linear_fp32_linear_and_no_bias(w4a16, device):
     assert layer.bias is None and layer.group_size == K and layer.scales.dtype == torch.float16
     assert "bias" not in layer.state_dict()
     x = torch.randn((3, K), device=device, dtype=torch.float16)
-    _assert_close_to_reference(layer(x), _reference(layer, x), torch.float16)
+    _assert_close_to_reference(layer(x), _reference(x, _rtn(lin, -1, False)["weight"]), torch.float16)
 
     bf = w4a16.layers.W4A16Linear.from_linear(lin, group_size=G, dtype=torch.bfloat16)
     assert bf.scales.dtype == torch.bfloat16 and bf.zeros.dtype == torch.uint8  # integer zeros: uint8
+    xb = x.to(torch.bfloat16)  # quantized from the weight in bf16 (the dtype asked for)
+    _assert_close_to_reference(bf(xb), _reference(xb, _rtn(lin, G, False, torch.bfloat16)["weight"]), torch.bfloat16)
 
 
 @pytest.mark.kernels_ci
@@ -159,25 +185,43 @@ def _make(w4a16, device, symmetric, act_order, bias):
     return w4a16.layers.W4A16Linear.from_linear(_linear(bias=bias, device=device), group_size=G, symmetric=symmetric)
 
 
+def _made_reference(symmetric, act_order, bias):
+    """`_make`'s layer as the test builds it: (float64 weight [K, N], fp16 bias or None) from the independent
+    quantization of the same float weight (act-order: `_act_order_layer`'s draws, its codes read with the groups of
+    its g_idx: row k takes group g_idx[k]'s scale and zero)."""
+    if not act_order:
+        lin = _linear(bias=bias)
+        return _rtn(lin, G, symmetric)["weight"], lin.bias.detach() if bias else None
+    gen = torch.Generator().manual_seed(3)  # _act_order_layer's draws, in its order
+    w = torch.randn((K, N), generator=gen).to(torch.float16)
+    g_idx = (torch.arange(K) % (K // G))[torch.randperm(K, generator=gen)]
+    b = torch.randn(N, generator=gen).to(torch.float16) if bias else None
+    scales, _ = rtn_scales(w, G, False)
+    q = rtn_codes(w, G, False, scales)
+    return (q["codes"].to(torch.float64) - q["zeros"][g_idx]) * scales[g_idx], b
+
+
 @pytest.mark.kernels_ci
 def test_forward_follows_buffer_updates(w4a16, device):
     """The forward keeps its weight view between calls: updates in place (load_state_dict), buffers
     replaced by assignment and dtype moves must all reach the next call."""
-    layer = _make(w4a16, device, symmetric=False, act_order=False, bias=True)
-    other = w4a16.layers.W4A16Linear.from_linear(_linear(seed=7, device=device), group_size=G)
+    first, second = _linear(device=device), _linear(seed=7, device=device)
+    layer = w4a16.layers.W4A16Linear.from_linear(first, group_size=G)
+    other = w4a16.layers.W4A16Linear.from_linear(second, group_size=G)
+    q_first, q_other = _rtn(first, G, False), _rtn(second, G, False)
+    b_other = second.bias.detach()
     x = torch.randn((3, K), device=device, dtype=torch.float16)
-    _assert_close_to_reference(layer(x), _reference(layer, x), torch.float16)  # view kept from here on
+    _assert_close_to_reference(layer(x), _reference(x, q_first["weight"], first.bias.detach()), torch.float16)  # view kept
     layer.load_state_dict(other.state_dict())  # in place: same tensor objects, new values
-    _assert_close_to_reference(layer(x), _reference(other, x), torch.float16)
+    _assert_close_to_reference(layer(x), _reference(x, q_other["weight"], b_other), torch.float16)
     layer.scales = layer.scales * 2  # a new buffer tensor
-    y = layer(x)
-    ref = _reference(layer, x)
-    assert torch.allclose(ref - other.bias.to(torch.float64), 2 * (_reference(other, x) - other.bias.to(torch.float64)))
-    _assert_close_to_reference(y, ref, torch.float16)
+    _assert_close_to_reference(layer(x), _reference(x, 2 * q_other["weight"], b_other), torch.float16)
     layer.to(torch.bfloat16)  # scales, zeros and bias move to new bf16 tensors
     xb = x.to(torch.bfloat16)
     assert layer.weight_view().scales.dtype == torch.bfloat16
-    _assert_close_to_reference(layer(xb), _reference(layer, xb), torch.bfloat16)
+    moved = (2 * q_other["scales"]).to(torch.float16).to(torch.bfloat16)  # the doubled fp16 scales, cast to bf16
+    _assert_close_to_reference(layer(xb), _reference(xb, _weight(q_other, scales=moved), b_other.to(torch.bfloat16)),
+                               torch.bfloat16)
 
 
 @pytest.mark.kernels_ci
@@ -199,6 +243,9 @@ def test_state_dict_round_trip(w4a16, device, tmp_path, symmetric, act_order, bi
 
     x = torch.randn((5, K), device=device, dtype=torch.float16)
     y = layer(x)
+    ref_weight, ref_bias = _made_reference(symmetric, act_order, bias)
+    assert torch.equal(layer.dequantized_weight(torch.float64).cpu(), ref_weight.t())  # the codes, scales, zeros
+    _assert_close_to_reference(y, _reference(x, ref_weight, ref_bias), torch.float16)
 
     a = fresh()
     assert set(a.state_dict()) == expected
@@ -218,8 +265,11 @@ def test_state_dict_zeros_load_in_their_dtype(w4a16, device):
     """A fresh layer's zeros are uint8; zeros saved as floats (fractional ones, or integer ones from an
     older version) load as floats instead of being truncated into that buffer."""
     W4A16Linear = w4a16.layers.W4A16Linear
-    layer = _make(w4a16, device, False, False, True)
+    lin = _linear(device=device)
+    layer = W4A16Linear.from_linear(lin, group_size=G)
     assert layer.zeros.dtype == torch.uint8
+    q = _rtn(lin, G, False)
+    assert torch.equal(layer.zeros.cpu().to(torch.float64), q["zeros"])
     sd = layer.state_dict()
     sd["zeros"] = sd["zeros"].to(torch.float16) + 0.25  # fractional
     fresh = W4A16Linear(K, N, bias=True, group_size=G, dtype=torch.float16, device=device)
@@ -227,7 +277,9 @@ def test_state_dict_zeros_load_in_their_dtype(w4a16, device):
     fresh.load_state_dict(sd)
     assert fresh.zeros.dtype == torch.float16 and torch.equal(fresh.zeros, sd["zeros"])
     x = torch.randn((3, K), device=device, dtype=torch.float16)
-    _assert_close_to_reference(fresh(x), _reference(fresh, x), torch.float16)
+    shifted = _weight(q, zeros=q["zeros"] + 0.25)
+    assert torch.equal(fresh.dequantized_weight(torch.float64).cpu(), shifted.t())
+    _assert_close_to_reference(fresh(x), _reference(x, shifted, lin.bias.detach()), torch.float16)
 
 
 @pytest.mark.kernels_ci

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 from test_formats import _gptq_checkpoint
+from test_gemm import TOL, rtn_codes, rtn_scales, unpack_k_major
 
 pytestmark = pytest.mark.kernels_ci
 
@@ -71,9 +72,14 @@ def test_readme_quickstart_runs(w4a16, device):
         inductor.triton.enable_pdl = saved_pdl
     assert names["y"].shape == (2, N)
 
-    # block 3: the quantized layer's output against a float64 reference of its own codes
-    w = w4a16.dequantize_int4_grouped(names["packed"], names["scales"], names["zeros"], 128)
-    ref = x.double() @ w.to(device).double()
+    # block 3: the quantized layer's output against x @ W in float64, W the block's float weight quantized here
+    # (test_gemm's independent round-to-nearest quantizer), whose codes the block's packed weight holds
+    weight = names["weight"].cpu()
+    assert weight.shape == (K, N) and weight.dtype == torch.float32
+    mine = rtn_codes(weight, 128, False, rtn_scales(weight, 128, False)[0])
+    codes = unpack_k_major(names["packed"].cpu())
+    assert bool(((codes == mine["codes"]) | (mine["code_tie"] & ((codes - mine["codes"]).abs() == 1))).all())
+    ref = x.double() @ mine["weight"].to(device)
     err = float((names["y"].double() - ref).norm() / ref.norm())
-    assert err < 2e-2, err
+    assert err < TOL[torch.float16], err
     assert names["gptq"].act_order and (names["gptq"].in_features, names["gptq"].out_features) == (K, N)
