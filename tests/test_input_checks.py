@@ -130,7 +130,7 @@ def test_state_dict_perm_must_be_a_permutation(w4a16):
     assert err < TOL[torch.float16]
 
 
-def test_float64_zeros_are_taken(w4a16):
+def test_float64_zeros_are_taken(w4a16, device):
     """Fractional float64 zeros (e.g. from a float64 quantizer) are stored as float32, which the kernels read; the
     result matches the float64 reference. (Before, the weight was refused with a message that named float zeros.)"""
     k, n, g = 256, 16, 64
@@ -143,8 +143,10 @@ def test_float64_zeros_are_taken(w4a16):
     ref = (codes.double() - zeros.float().double().repeat_interleave(g, 0)) * scales.double().repeat_interleave(g, 0)
     x = torch.randn(2, k, generator=gen).to(torch.float16)
     expected = x.double() @ ref
-    for path in ("auto", "tiled"):  # (the plain-torch path and, in the interpreter, a Triton kernel)
-        err = float((w4a16.w4a16_linear(x, weight, path=path).double() - expected).norm() / expected.norm())
+    weight = w4a16.prepare_weight(w4a16.pack_int4_k_major(codes).to(device), scales.to(device), zeros.to(device), g)
+    for path in ("reference", "tiled"):  # the plain-torch path and a Triton kernel (compiled, or the interpreter's)
+        y = w4a16.w4a16_linear(x.to(device), weight, path=path)
+        err = float((y.double().cpu() - expected).norm() / expected.norm())
         assert err < TOL[torch.float16], path
 
 
@@ -185,3 +187,14 @@ def test_plan_gemm_takes_a_device_string(w4a16):
     assert plan.path == "reference"  # (CPU tensors: the plain torch path)
     with pytest.raises(TypeError, match="device must be a torch.device or a device string, got int"):
         w4a16.plan_gemm(4, 96, 512, 128, torch.float16, 0)
+
+
+def test_forced_triton_path_on_cpu_needs_the_interpreter(w4a16, monkeypatch):
+    """A Triton path forced on CPU tensors outside Triton's interpreter is refused by name (it failed inside Triton's
+    launcher on a machine with a GPU); the plain-torch paths still plan there."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for path in ("tiled", "splitk", "dense"):
+        with pytest.raises(ValueError, match=f"path='{path}' runs Triton kernels, which need GPU tensors"):
+            w4a16.dispatch.plan_gemm(2, 64, 256, 128, torch.float16, "cpu", path=path)
+    assert w4a16.dispatch.plan_gemm(2, 64, 256, 128, torch.float16, "cpu", path="reference").path == "reference"
+    assert w4a16.dispatch.plan_gemm(2, 64, 256, 128, torch.float16, "cpu").path == "reference"

@@ -37,14 +37,30 @@ def _rtn(lin, group_size, symmetric, dtype=None) -> dict:
     dtype = dtype or (w.dtype if w.dtype in DTYPES else torch.float16)
     if not (w.dtype == torch.float32 and dtype == torch.float16):
         w = w.to(dtype)
-    scales, _ = rtn_scales(w, group_size, symmetric)
-    return {**rtn_codes(w, group_size, symmetric, scales), "scales": scales}
+    scales, scale_tie = rtn_scales(w, group_size, symmetric)
+    q = rtn_codes(w, group_size, symmetric, scales)
+    rows = torch.arange(w.shape[0]) // (w.shape[0] // scales.shape[0])
+    tie = q["code_tie"] | q["zero_tie"][rows] | scale_tie[rows]
+    return {**q, "scales": scales, "scale_tie": scale_tie, "tie": tie, "step": scales[rows]}
+
+
+def _assert_same_quantization(layer, weight, tie, step) -> torch.Tensor:
+    """The layer's dequantized weight [K, N] (returned, float64, CPU) equals the test's `weight` [K, N] except, by at
+    most about one step, where the independent quantizer is within 1e-6 of a rounding tie (`tie`): the package
+    computes the step in float32, and on a GPU torch divides by a scalar through its reciprocal, so it may round
+    those the other way. Elsewhere the codes, scales and zeros must be the same."""
+    got = layer.dequantized_weight(torch.float64).cpu().t()
+    diff = (got - weight).abs()
+    ok = (diff == 0) | (tie & (diff <= 1.1 * step))
+    assert bool(ok.all()), f"{int((~ok).sum())} weights differ from the independent quantization"
+    assert int((diff != 0).sum()) <= weight.numel() // 100  # ties are rare: a few in a layer, not a pattern
+    return got
 
 
 def _reference(x, weight, bias=None):
     """float64 x @ W (+ b) for a float64 weight [K, N] (on the CPU) made by the test, not by the package."""
     y = x.to(torch.float64) @ weight.to(x.device)
-    return y if bias is None else y + bias.to(torch.float64)
+    return y if bias is None else y + bias.to(device=x.device, dtype=torch.float64)
 
 
 def _weight(q: dict, zeros=None, scales=None):
@@ -105,18 +121,17 @@ def test_from_linear_matches_reference(w4a16, device, dtype, symmetric):
     # The layer holds the independent quantization of the linear's weight (the same codes, scales and zeros), which
     # is the weight within half of its step; the forward is checked against that weight, not the layer's own.
     q = _rtn(lin, G, symmetric)
-    assert torch.equal(layer.dequantized_weight(torch.float64).cpu(), q["weight"].t())
-    step = q["scales"].repeat_interleave(G, dim=0)
-    assert bool(((q["weight"] - lin.weight.detach().cpu().t().to(torch.float64)).abs() <= 0.5 * step * (1 + 1e-6)).all())
+    held = _assert_same_quantization(layer, q["weight"], q["tie"], q["step"])
+    assert bool(((q["weight"] - lin.weight.detach().cpu().t().to(torch.float64)).abs() <= 0.5 * q["step"] * (1 + 1e-6)).all())
 
     gen = torch.Generator().manual_seed(1)
     for m in (1, 3, 16):
         x = torch.randn((m, K), generator=gen).to(device=device, dtype=dtype)
         y = layer(x)
         assert y.dtype == dtype and tuple(y.shape) == (m, N)
-        _assert_close_to_reference(y, _reference(x, q["weight"], lin.bias.detach()), dtype)
+        _assert_close_to_reference(y, _reference(x, held, lin.bias.detach()), dtype)
     x3 = torch.randn((2, 3, K), generator=gen).to(device=device, dtype=dtype)
-    _assert_close_to_reference(layer(x3), _reference(x3, q["weight"], lin.bias.detach()), dtype)
+    _assert_close_to_reference(layer(x3), _reference(x3, held, lin.bias.detach()), dtype)
 
 
 @pytest.mark.kernels_ci
@@ -186,19 +201,22 @@ def _make(w4a16, device, symmetric, act_order, bias):
 
 
 def _made_reference(symmetric, act_order, bias):
-    """`_make`'s layer as the test builds it: (float64 weight [K, N], fp16 bias or None) from the independent
+    """`_make`'s layer as the test builds it: (float64 weight [K, N], fp16 bias or None, rounding ties [K, N], step
+    [K, N]: `_assert_same_quantization`'s) from the independent
     quantization of the same float weight (act-order: `_act_order_layer`'s draws, its codes read with the groups of
     its g_idx: row k takes group g_idx[k]'s scale and zero)."""
     if not act_order:
         lin = _linear(bias=bias)
-        return _rtn(lin, G, symmetric)["weight"], lin.bias.detach() if bias else None
+        q = _rtn(lin, G, symmetric)
+        return q["weight"], lin.bias.detach() if bias else None, q["tie"], q["step"]
     gen = torch.Generator().manual_seed(3)  # _act_order_layer's draws, in its order
     w = torch.randn((K, N), generator=gen).to(torch.float16)
     g_idx = (torch.arange(K) % (K // G))[torch.randperm(K, generator=gen)]
     b = torch.randn(N, generator=gen).to(torch.float16) if bias else None
-    scales, _ = rtn_scales(w, G, False)
+    scales, scale_tie = rtn_scales(w, G, False)
     q = rtn_codes(w, G, False, scales)
-    return (q["codes"].to(torch.float64) - q["zeros"][g_idx]) * scales[g_idx], b
+    tie = q["code_tie"] | q["zero_tie"][g_idx] | scale_tie[g_idx]
+    return (q["codes"].to(torch.float64) - q["zeros"][g_idx]) * scales[g_idx], b, tie, scales[g_idx]
 
 
 @pytest.mark.kernels_ci
@@ -243,9 +261,9 @@ def test_state_dict_round_trip(w4a16, device, tmp_path, symmetric, act_order, bi
 
     x = torch.randn((5, K), device=device, dtype=torch.float16)
     y = layer(x)
-    ref_weight, ref_bias = _made_reference(symmetric, act_order, bias)
-    assert torch.equal(layer.dequantized_weight(torch.float64).cpu(), ref_weight.t())  # the codes, scales, zeros
-    _assert_close_to_reference(y, _reference(x, ref_weight, ref_bias), torch.float16)
+    ref_weight, ref_bias, tie, step = _made_reference(symmetric, act_order, bias)
+    held = _assert_same_quantization(layer, ref_weight, tie, step)  # the codes, scales, zeros
+    _assert_close_to_reference(y, _reference(x, held, ref_bias), torch.float16)
 
     a = fresh()
     assert set(a.state_dict()) == expected
@@ -269,7 +287,8 @@ def test_state_dict_zeros_load_in_their_dtype(w4a16, device):
     layer = W4A16Linear.from_linear(lin, group_size=G)
     assert layer.zeros.dtype == torch.uint8
     q = _rtn(lin, G, False)
-    assert torch.equal(layer.zeros.cpu().to(torch.float64), q["zeros"])
+    held = _assert_same_quantization(layer, q["weight"], q["tie"], q["step"])
+    assert bool(((layer.zeros.cpu().to(torch.float64) == q["zeros"]) | q["zero_tie"] | q["scale_tie"]).all())
     sd = layer.state_dict()
     sd["zeros"] = sd["zeros"].to(torch.float16) + 0.25  # fractional
     fresh = W4A16Linear(K, N, bias=True, group_size=G, dtype=torch.float16, device=device)
@@ -277,8 +296,8 @@ def test_state_dict_zeros_load_in_their_dtype(w4a16, device):
     fresh.load_state_dict(sd)
     assert fresh.zeros.dtype == torch.float16 and torch.equal(fresh.zeros, sd["zeros"])
     x = torch.randn((3, K), device=device, dtype=torch.float16)
-    shifted = _weight(q, zeros=q["zeros"] + 0.25)
-    assert torch.equal(fresh.dequantized_weight(torch.float64).cpu(), shifted.t())
+    shifted = held - 0.25 * layer.scales.cpu().to(torch.float64).repeat_interleave(G, dim=0)  # z + 0.25: w - s / 4
+    assert torch.allclose(fresh.dequantized_weight(torch.float64).cpu(), shifted.t(), rtol=1e-12, atol=1e-15)
     _assert_close_to_reference(fresh(x), _reference(x, shifted, lin.bias.detach()), torch.float16)
 
 
