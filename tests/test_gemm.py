@@ -429,6 +429,29 @@ def test_seed_api_round_trip(w4a16, device, dtype):
 
 
 @pytest.mark.kernels_ci
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_quantize_step_on_a_storage_value(w4a16, device, symmetric):
+    """A group whose step (range / 15, or max|w| / 7) is exactly an fp16 value gets that value as its scale on the
+    test device too: on CUDA, torch's division by a Python number multiplies by the rounded reciprocal, which put
+    such steps one float32 ulp above and their scales one fp16 step up (the H200 run at 04ce517)."""
+    gen = torch.Generator().manual_seed(23)
+    levels = 7 if symmetric else 15
+    v = (torch.rand(4096, generator=gen) * 0.05 + 0.002).half()
+    v = v[(v.float() * levels).half().float() == v.float() * levels][:32]  # steps whose range is an fp16 value
+    g, n = 64, v.numel()
+    # asymmetric: values in [0, 15v] with both ends present; symmetric: |values| <= 7v with 7v present
+    w = (torch.rand(g, n, generator=gen) * (levels / 2 if symmetric else levels)) * v.float()
+    if symmetric:
+        w[1::2] = -w[1::2]
+    else:
+        w[1] = 0
+    w[0] = levels * v.float()
+    w = w.half()
+    _, scales, _ = w4a16.quantize_weight_int4_grouped(w.to(device), g, symmetric)
+    assert n >= 16 and torch.equal(scales.cpu()[0], v), int((scales.cpu()[0] != v).sum())
+
+
+@pytest.mark.kernels_ci
 def test_quantize_rounds_in_column_chunks(w4a16, monkeypatch):
     """The quantizer rounds the codes in float64 column chunks (bounded temporaries for an LM head): chunks of
     7 columns, the last one ragged, give the same packed weight, scales and zeros as one chunk."""

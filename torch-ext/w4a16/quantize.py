@@ -138,12 +138,15 @@ def quantize_weight_int4_grouped(
     store_dtype = torch.float16 if weight.dtype == torch.float32 else weight.dtype
 
     w = weight.detach().to(torch.float32).reshape(k // g, g, n)
+    # the step divides by a tensor, not a Python number: on CUDA torch divides by a scalar through its rounded
+    # reciprocal, which puts a step that is a storage value (a range of 15 x an fp16 value) one float32 ulp above
+    # it, and the scale is then rounded up one fp16 step more than on the CPU
     if symmetric:
-        step = w.abs().amax(dim=1) / 7.0
+        span, levels = w.abs().amax(dim=1), 7.0
     else:
         w_min = w.amin(dim=1).clamp(max=0.0)
-        w_max = w.amax(dim=1).clamp(min=0.0)
-        step = (w_max - w_min) / 15.0
+        span, levels = w.amax(dim=1).clamp(min=0.0) - w_min, 15.0
+    step = span / torch.full_like(span, levels)
     step = step.clamp(min=torch.finfo(store_dtype).tiny * 16)
     scales = _round_up_to(step, store_dtype)
     # The rounding decisions in float64 (exact for these operands; MPS has no float64): in float32, w / s + z
