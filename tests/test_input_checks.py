@@ -138,12 +138,11 @@ def test_float64_zeros_are_taken(w4a16, device):
     codes = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.uint8)
     scales = (torch.rand(k // g, n, generator=gen) * 0.05 + 0.01).to(torch.float16)
     zeros = torch.rand(k // g, n, generator=gen, dtype=torch.float64) * 15
-    weight = w4a16.prepare_weight(w4a16.pack_int4_k_major(codes), scales, zeros, g)
+    weight = w4a16.prepare_weight(w4a16.pack_int4_k_major(codes).to(device), scales.to(device), zeros.to(device), g)
     assert weight.zeros.dtype == torch.float32
     ref = (codes.double() - zeros.float().double().repeat_interleave(g, 0)) * scales.double().repeat_interleave(g, 0)
     x = torch.randn(2, k, generator=gen).to(torch.float16)
     expected = x.double() @ ref
-    weight = w4a16.prepare_weight(w4a16.pack_int4_k_major(codes).to(device), scales.to(device), zeros.to(device), g)
     for path in ("reference", "tiled"):  # the plain-torch path and a Triton kernel (compiled, or the interpreter's)
         y = w4a16.w4a16_linear(x.to(device), weight, path=path)
         err = float((y.double().cpu() - expected).norm() / expected.norm())

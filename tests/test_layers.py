@@ -174,16 +174,23 @@ def test_constructor_flags_must_be_bools(w4a16):
 # ---------------------------------------------------------------------------------------------
 
 
-def _act_order_layer(w4a16, device, dtype=torch.float16, bias=True):
-    """A W4A16Linear with act-order (g_idx) built through prepare_weight + from_weight."""
+def _act_order_layer(w4a16, device, bias=True):
+    """A W4A16Linear with act-order (g_idx) built through prepare_weight + from_weight, and its reference (`_make`'s):
+    the test's own quantization of the same float weight, its codes read with the groups of the g_idx (row k takes
+    group g_idx[k]'s scale and zero)."""
     gen = torch.Generator().manual_seed(3)
-    w = torch.randn((K, N), generator=gen).to(dtype)
+    w = torch.randn((K, N), generator=gen).to(torch.float16)
     packed, scales, zeros = w4a16.quantize_weight_int4_grouped(w, G)
     g_idx = (torch.arange(K) % (K // G))[torch.randperm(K, generator=gen)]
     weight = w4a16.prepare_weight(packed.to(device), scales.to(device), zeros.to(device), G, g_idx=g_idx.to(device))
     assert weight.act_order
     b = torch.randn(N, generator=gen) if bias else None
-    return w4a16.layers.W4A16Linear.from_weight(weight, b)
+    my_scales, scale_tie = rtn_scales(w, G, False)
+    q = rtn_codes(w, G, False, my_scales)
+    tie = q["code_tie"] | q["zero_tie"][g_idx] | scale_tie[g_idx]
+    ref_weight = (q["codes"].to(torch.float64) - q["zeros"][g_idx]) * my_scales[g_idx]
+    ref = (ref_weight, None if b is None else b.to(torch.float16), tie, my_scales[g_idx])
+    return w4a16.layers.W4A16Linear.from_weight(weight, b), ref
 
 
 FORMATS = [
@@ -195,28 +202,14 @@ FORMATS = [
 
 
 def _make(w4a16, device, symmetric, act_order, bias):
+    """(layer, reference): the reference is (float64 weight [K, N], bias or None, rounding ties [K, N], step [K, N]),
+    the independent quantization of the layer's float weight that `_assert_same_quantization` compares with."""
     if act_order:
         return _act_order_layer(w4a16, device, bias=bias)
-    return w4a16.layers.W4A16Linear.from_linear(_linear(bias=bias, device=device), group_size=G, symmetric=symmetric)
-
-
-def _made_reference(symmetric, act_order, bias):
-    """`_make`'s layer as the test builds it: (float64 weight [K, N], fp16 bias or None, rounding ties [K, N], step
-    [K, N]: `_assert_same_quantization`'s) from the independent
-    quantization of the same float weight (act-order: `_act_order_layer`'s draws, its codes read with the groups of
-    its g_idx: row k takes group g_idx[k]'s scale and zero)."""
-    if not act_order:
-        lin = _linear(bias=bias)
-        q = _rtn(lin, G, symmetric)
-        return q["weight"], lin.bias.detach() if bias else None, q["tie"], q["step"]
-    gen = torch.Generator().manual_seed(3)  # _act_order_layer's draws, in its order
-    w = torch.randn((K, N), generator=gen).to(torch.float16)
-    g_idx = (torch.arange(K) % (K // G))[torch.randperm(K, generator=gen)]
-    b = torch.randn(N, generator=gen).to(torch.float16) if bias else None
-    scales, scale_tie = rtn_scales(w, G, False)
-    q = rtn_codes(w, G, False, scales)
-    tie = q["code_tie"] | q["zero_tie"][g_idx] | scale_tie[g_idx]
-    return (q["codes"].to(torch.float64) - q["zeros"][g_idx]) * scales[g_idx], b, tie, scales[g_idx]
+    lin = _linear(bias=bias, device=device)
+    q = _rtn(lin, G, symmetric)
+    layer = w4a16.layers.W4A16Linear.from_linear(lin, group_size=G, symmetric=symmetric)
+    return layer, (q["weight"], lin.bias.detach() if bias else None, q["tie"], q["step"])
 
 
 @pytest.mark.kernels_ci
@@ -248,7 +241,7 @@ def test_state_dict_round_trip(w4a16, device, tmp_path, symmetric, act_order, bi
     from safetensors.torch import load_file, save_file
 
     W4A16Linear = w4a16.layers.W4A16Linear
-    layer = _make(w4a16, device, symmetric, act_order, bias)
+    layer, (ref_weight, ref_bias, tie, step) = _make(w4a16, device, symmetric, act_order, bias)
     sd = layer.state_dict()
     expected = {"qweight", "scales"} | ({"zeros"} if not symmetric else set())
     expected |= ({"perm"} if act_order else set()) | ({"bias"} if bias else set())
@@ -261,7 +254,6 @@ def test_state_dict_round_trip(w4a16, device, tmp_path, symmetric, act_order, bi
 
     x = torch.randn((5, K), device=device, dtype=torch.float16)
     y = layer(x)
-    ref_weight, ref_bias, tie, step = _made_reference(symmetric, act_order, bias)
     held = _assert_same_quantization(layer, ref_weight, tie, step)  # the codes, scales, zeros
     _assert_close_to_reference(y, _reference(x, held, ref_bias), torch.float16)
 
@@ -305,7 +297,7 @@ def test_state_dict_zeros_load_in_their_dtype(w4a16, device):
 def test_state_dict_int64_perm_loads_as_int32(w4a16, device):
     """An act-order perm saved as int64 (by an older version, or made by hand) loads into the layer's int32 buffer
     (the gather reads it every call) and gives the same output; a W4A16Weight may also hold the int64 one."""
-    layer = _make(w4a16, device, False, True, False)
+    layer, _ = _make(w4a16, device, False, True, False)
     assert layer.perm.dtype == torch.int32
     sd = layer.state_dict()
     sd["perm"] = sd["perm"].to(torch.int64)
