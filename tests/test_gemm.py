@@ -647,7 +647,7 @@ def test_integer_zeros_as_float_or_uint8(w4a16, device, path, dtype):
 
 
 @pytest.mark.kernels_ci
-def test_bad_inputs_raise_clear_errors(w4a16):
+def test_bad_inputs_raise_clear_errors(w4a16, device):
     w = torch.randn(256, 32)
     with pytest.raises(ValueError, match="multiple of group_size"):
         w4a16.quantize_weight_int4_grouped(torch.randn(192, 32), 128)
@@ -694,7 +694,9 @@ def test_bad_inputs_raise_clear_errors(w4a16):
     with pytest.raises(ValueError, match=r"bias must have shape \(out_features,\) = \(32,\), got \(33,\)"):
         w4a16.w4a16_linear(torch.randn(2, 256).half(), weight, torch.randn(33).half())
     with pytest.raises(ValueError, match="config DOT_PARTS must be 1, 2, 4 or 8"):
-        w4a16.matmul.w4a16_matmul(torch.randn(2, 256).half(), weight.qweight, weight.scales, weight.zeros, None, 256, 128,
+        # (on the test device: a Triton path on CPU tensors is refused outside the interpreter)
+        w4a16.matmul.w4a16_matmul(torch.randn(2, 256).half().to(device), weight.qweight.to(device),
+                                  weight.scales.to(device), weight.zeros.to(device), None, 256, 128,
                                   path="tiled", config={"SCALE_IN_OPERAND": True, "DOT_PARTS": 3})
     x = torch.randn(2, 256).half()
     row_major = weight.qweight.permute(0, 2, 1, 3).reshape(64, 32)  # the pre-tile [N, Kp/8] layout

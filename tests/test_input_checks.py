@@ -189,11 +189,16 @@ def test_plan_gemm_takes_a_device_string(w4a16):
 
 
 def test_forced_triton_path_on_cpu_needs_the_interpreter(w4a16, monkeypatch):
-    """A Triton path forced on CPU tensors outside Triton's interpreter is refused by name (it failed inside Triton's
-    launcher on a machine with a GPU); the plain-torch paths still plan there."""
+    """A Triton path forced on CPU tensors outside Triton's interpreter is refused by name at the call (it failed
+    inside Triton's launcher on a machine with a GPU); planning itself takes any device (the tuner plans for a CPU
+    stand-in), and the plain-torch path still runs on CPU tensors."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    weight, _ = _layer(w4a16)
+    x = torch.randn(2, weight.in_features, dtype=torch.float16)
     for path in ("tiled", "splitk", "dense"):
+        assert w4a16.plan_gemm(2, 32, 256, 64, torch.float16, "cpu", path=path).path == path
         with pytest.raises(ValueError, match=f"path='{path}' runs Triton kernels, which need GPU tensors"):
-            w4a16.dispatch.plan_gemm(2, 64, 256, 128, torch.float16, "cpu", path=path)
-    assert w4a16.dispatch.plan_gemm(2, 64, 256, 128, torch.float16, "cpu", path="reference").path == "reference"
-    assert w4a16.dispatch.plan_gemm(2, 64, 256, 128, torch.float16, "cpu").path == "reference"
+            w4a16.w4a16_linear(x, weight, path=path)
+    reference = w4a16.w4a16_linear(x, weight, path="reference")
+    torch.testing.assert_close(w4a16.w4a16_linear(x, weight), reference, rtol=0, atol=0)
+    assert w4a16.plan_gemm(2, 64, 256, 128, torch.float16, "cpu").path == "reference"

@@ -39,7 +39,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -336,10 +335,6 @@ def plan_gemm(
     elif not isinstance(device, torch.device):
         raise TypeError(f"device must be a torch.device or a device string, got {type(device).__name__}")
     if path != "auto":
-        if device.type == "cpu" and path != "reference" and os.environ.get("TRITON_INTERPRET") != "1":
-            # (forced on CPU tensors a Triton kernel would fail inside Triton's launcher)
-            raise ValueError(f"path={path!r} runs Triton kernels, which need GPU tensors (CPU tensors only under Triton's "
-                             "interpreter, TRITON_INTERPRET=1); tensors on cpu take path='auto' or 'reference'")
         return _applicable(_forced(path, m, n, k, config), act_order, device, group_size, k, pdl)
     if config is not None:
         raise ValueError("config may only be given together with a forced path (path='splitk', ...)")

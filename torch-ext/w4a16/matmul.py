@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .dispatch import plan_gemm
@@ -143,6 +145,11 @@ def _matmul_checked(x, qweight, scales, zeros, perm, in_features: int, group_siz
         return x.new_empty((*lead, n))
     plan = plan_gemm(m, n, in_features, group_size, x2.dtype, x2.device, path=path, symmetric=zeros is None, strict=strict,
                      config=config, act_order=perm is not None, pdl=pdl)
+    if x2.device.type == "cpu" and plan.path != "reference" and os.environ.get("TRITON_INTERPRET") != "1":
+        # (a forced Triton path on CPU tensors would fail inside Triton's launcher; plan_gemm itself plans for any
+        # device: the tuner plans for a CPU stand-in)
+        raise ValueError(f"path={plan.path!r} runs Triton kernels, which need GPU tensors (CPU tensors only under "
+                         "Triton's interpreter, TRITON_INTERPRET=1); tensors on cpu take path='auto' or 'reference'")
     if out is not None and (tuple(out.shape) != (m, n) or out.dtype != x2.dtype or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous {x2.dtype} tensor of shape [M, N] = {(m, n)}, got {out.dtype} {tuple(out.shape)}")
     # act-order: one gather of x per call, before the GEMM (in the kernels' x loads it was 2-7x slower,
