@@ -99,26 +99,15 @@ def path_errors(y: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
 
 
 def run_and_check(w4a16, weight, ref, x, path):
-    """Run one forced path into a NaN-poisoned output and return the relative error (all written), asserting the
-    elementwise bound (ELEMENT_TOL x TOL in units of the reference's rms). A Triton or Gluon path is launched
-    through its own launcher (act-order: x gathered first, as the op does), which must return `out` itself."""
+    """Run one forced path through the op into a NaN-poisoned output and return the relative error (all written),
+    asserting the elementwise bound (ELEMENT_TOL x TOL in units of the reference's rms). The op returns `out` itself:
+    a kernel launcher must write into it (only the dense and reference paths' torch results are copied)."""
     m = x.shape[0]
     out = torch.full((m, weight.out_features), float("nan"), dtype=x.dtype, device=x.device)
     kernel_path, config = forced_path(path)
-    if kernel_path in ("dense", "reference"):  # torch's own matmul (the op copies its result into out)
-        y = w4a16.matmul.w4a16_matmul(
-            x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features, weight.group_size,
-            path=kernel_path, out=out, config=config,
-        )
-    else:
-        plan = w4a16.dispatch.plan_gemm(m, weight.out_features, weight.in_features, weight.group_size, x.dtype, x.device,
-                                        path=kernel_path, symmetric=weight.zeros is None, config=config,
-                                        act_order=weight.perm is not None)
-        x2 = x if weight.perm is None else w4a16.gather.gather_columns(
-            x, weight.perm, launch_dependents=plan.config.get("GATHER_PDL", False))
-        y = w4a16.matmul.launcher_for(kernel_path)(x2, weight.qweight, weight.scales, weight.zeros, weight.in_features,
-                                                   weight.group_size, plan, out)
-        assert y is out, f"{path}: the launcher did not write into out"
+    y = w4a16.matmul.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, weight.perm, weight.in_features,
+                                  weight.group_size, path=kernel_path, out=out, config=config)
+    assert y is out, f"{path}: the op did not return out"
     assert not torch.isnan(y).any(), f"{path}: unwritten (NaN) output elements at M={m}"
     rel, elementwise = path_errors(y, x.to(torch.float64) @ ref)
     assert elementwise <= ELEMENT_TOL * TOL[x.dtype], f"{path} M={m}: an element off by {elementwise:.2e} x rms(ref)"
@@ -133,6 +122,17 @@ def assert_path_matches_reference(w4a16, weight, ref, path, dtype, device, batch
         x = torch.randn(m, weight.in_features, generator=gen).to(device=device, dtype=dtype)
         err = run_and_check(w4a16, weight, ref, x, path)
         assert err < TOL[dtype], f"{path} M={m}: relative error {err:.2e}"
+
+
+def test_a_launcher_that_ignores_out_is_caught(w4a16, device, monkeypatch):
+    """The op copies only torch's own results (dense, reference) into `out`: a kernel launcher that returned a tensor
+    of its own would be a bug, and the op says so instead of hiding it behind a copy."""
+    weight, _ = random_layer(w4a16, 256, 32, 64, False, torch.float16, device)
+    x = torch.randn(2, 256, dtype=torch.float16, device=device)
+    out = torch.empty(2, 32, dtype=torch.float16, device=device)
+    monkeypatch.setitem(w4a16.matmul._LAUNCHERS, "tiled", lambda x2, *args: torch.zeros_like(out))
+    with pytest.raises(RuntimeError, match="the tiled launcher did not write into out"):
+        w4a16.matmul.w4a16_matmul(x, weight.qweight, weight.scales, weight.zeros, None, 256, 64, path="tiled", out=out)
 
 
 @pytest.mark.parametrize("path", TRITON_PATHS)
