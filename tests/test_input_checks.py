@@ -149,6 +149,17 @@ def test_float64_zeros_are_taken(w4a16, device):
         assert err < TOL[torch.float16], path
 
 
+def test_a_weight_needs_an_output_column(w4a16):
+    """N = 0 is refused by name, as W4A16Linear refuses out_features=0 (before, prepare_weight made an empty weight)."""
+    k, g = 256, 64
+    with pytest.raises(ValueError, match=r"packed must have N >= 1 output columns \[K/8, N\], got shape \(32, 0\)"):
+        w4a16.prepare_weight(torch.zeros(k // 8, 0, dtype=torch.int32), torch.ones(k // g, 0, dtype=torch.float16), None, g)
+    weight, _ = _layer(w4a16, k=k, group_size=g)
+    x = torch.randn(2, k, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"scales must have N >= 1 output columns \[K/G, N\], got shape \(4, 0\)"):
+        w4a16.ops.gemm(x, weight.qweight[:0], weight.scales[:, :0].contiguous(), None, None, k, g)
+
+
 def test_seed_layout_helpers_check_their_inputs(w4a16):
     k, n, g = 64, 8, 32
     packed = w4a16.pack_int4_k_major(torch.randint(0, 16, (k, n), dtype=torch.uint8))

@@ -155,6 +155,8 @@ def validate_weight_tensors(qweight, scales, zeros, perm, in_features: int, grou
         raise ValueError(f"scales must be a float16, bfloat16 or float32 tensor of shape [K/G, N] with K/G = {k // group_size}, "
                          f"got {getattr(scales, 'dtype', type(scales))} {tuple(getattr(scales, 'shape', ()))}")
     n = scales.shape[1]  # N (qweight's rows are padded to whole 64-row tiles)
+    if n < 1:
+        raise ValueError(f"scales must have N >= 1 output columns [K/G, N], got shape {tuple(scales.shape)}")
     expected = native_qweight_shape(n, k)
     if not isinstance(qweight, torch.Tensor) or qweight.dtype != torch.int32:
         raise TypeError(f"qweight must be an int32 tensor (layout.py), got {getattr(qweight, 'dtype', type(qweight))}")
@@ -282,6 +284,8 @@ def prepare_weight(
     if packed.dim() != 2:
         raise ValueError(f"packed must be 2-D [K/8, N], got shape {tuple(packed.shape)}")
     k, n = packed.shape[0] * 8, packed.shape[1]
+    if n < 1:
+        raise ValueError(f"packed must have N >= 1 output columns [K/8, N], got shape {tuple(packed.shape)}")
     g = validate_group_size(group_size, k)
     if not isinstance(scales, torch.Tensor) or scales.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"scales must be float16, bfloat16 or float32, got {getattr(scales, 'dtype', type(scales))}")
