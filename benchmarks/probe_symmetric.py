@@ -1,13 +1,16 @@
 """Why is the symmetric format slower than the asymmetric one with the same plan at M = 64 / 128?
 
-    python benchmarks/probe_symmetric.py --shapes 8B.gate_up,70B.qkv,70B.gate_up --m 64,128 --out probe.json
+    python benchmarks/probe_symmetric.py --shapes 8B.gate_up,70B.qkv,70B.gate_up --m 64,128 [--rounds 2] --out probe.json
 
 Times, with the asymmetric format's tuned plan forced on all of them (same method as bench_gemm.py):
   asym            the asymmetric kernel, random zeros (what the base rows measure)
   asym_zero8      the asymmetric kernel, every zero 8: the symmetric format's weight values
   sym             the symmetric kernel (no zeros tensor), same codes and scales as asym_zero8
+  sym_own_plan    the same, with the symmetric format's own tuned plan (what bench_gemm.py's sym rows run)
 If asym_zero8 is as slow as sym, the data (the values reaching the tensor cores) costs the time, not the
-symmetric kernel's code; if it is as fast as asym, the symmetric kernel's code does.
+symmetric kernel's code; if it is as fast as asym, the symmetric kernel's code does. All three read the same qweight
+and scales tensors (one allocation), so the addresses are not a difference either. The rounds alternate the order
+(forward, reversed, ...), so a clock drift within a round does not favour the variant timed first.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="8B.gate_up,70B.qkv,70B.gate_up")
     ap.add_argument("--m", default="64,128")
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     kernel = timing.load_kernel()
@@ -43,14 +47,18 @@ def main() -> None:
         }
         for m in (int(v) for v in args.m.split(",")):
             plan = kernel.plan_for(asym[0], m)
+            sym_weight = kernel.W4A16Weight(qweight=asym[0].qweight, scales=asym[0].scales, zeros=None, perm=None,
+                                            in_features=k, out_features=n, group_size=128)
+            plans = {name: plan for name in variants} | {"sym_own_plan": kernel.plan_for(sym_weight, m)}
             x = torch.randn(m, k, device="cuda", dtype=torch.float16)
-            for _ in range(2):  # twice, alternating, so clock drift shows as a difference between rounds
-                for name, weights in variants.items():
-                    calls = [lambda q=q, s=s, z=z: kernel.matmul.w4a16_matmul(x, q, s, z, None, k, 128, path=plan.path,
-                                                                               config=plan.config) for q, s, z in weights]
+            for r in range(args.rounds):  # alternating order, so clock drift shows as a difference between rounds
+                for name in (list if r % 2 == 0 else reversed)(list(plans)):
+                    weights, p = variants["sym" if name == "sym_own_plan" else name], plans[name]
+                    calls = [lambda q=q, s=s, z=z, p=p: kernel.matmul.w4a16_matmul(x, q, s, z, None, k, 128, path=p.path,
+                                                                                   config=p.config) for q, s, z in weights]
                     us = timing.gpu_time_us(calls)
-                    rows.append(dict(shape=shape["name"], N=n, K=k, M=m, variant=name, us=us, plan=str(plan)))
-                    print(f"{shape['name']:12s} M={m:4d} {name:11s} {us:8.2f} us   {plan}", flush=True)
+                    rows.append(dict(shape=shape["name"], N=n, K=k, M=m, variant=name, round=r, us=us, plan=str(p)))
+                    print(f"{shape['name']:12s} M={m:4d} {name:12s} {us:8.2f} us   {p}", flush=True)
         del asym, variants
         torch.cuda.empty_cache()
     if args.out:
