@@ -28,20 +28,19 @@ def _on_nvidia() -> bool:
     (torch.bfloat16, False, torch.bfloat16, 16),   # eight groups per block
     (torch.float16, False, torch.uint8, 4096),     # a group spanning blocks (per-channel)
 ])
-@pytest.mark.parametrize("block_m,rows,ahead,warps,by_x_sum,wait_prior,adjacent,x_at_use,evict_first,tokens_first,l2_prefetch", [
-    (8, 16, 1, 4, False, False, False, False, False, False, 4),  # (L2_PREFETCH without a wait: nothing to overlap)
-    (16, 32, 2, 8, True, True, True, False, True, False, 6),
-    (8, 16, 3, 8, False, True, False, True, False, True, 0),
+@pytest.mark.parametrize("block_m,rows,ahead,warps,by_x_sum,wait_prior,adjacent,x_at_use,evict_first,tokens_first", [
+    (8, 16, 1, 4, False, False, False, False, False, False),
+    (16, 32, 2, 8, True, True, True, False, True, False),
+    (8, 16, 3, 8, False, True, False, True, False, True),
 ])
 def test_decode_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmetric, zeros_dtype, group_size, block_m, rows,
-                                  ahead, warps, by_x_sum, wait_prior, adjacent, x_at_use, evict_first, tokens_first,
-                                  l2_prefetch):
+                                  ahead, warps, by_x_sum, wait_prior, adjacent, x_at_use, evict_first, tokens_first):
     decode = w4a16.gemm_decode
     if not decode.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     config = {"num_warps": warps, "ROWS": rows, "AHEAD": ahead, "maxnreg": 128, "ZEROS_BY_X_SUM": by_x_sum,
               "GATHER_PDL": wait_prior, "ADJACENT_ROWS": adjacent, "X_AT_USE": x_at_use, "EVICT_FIRST": evict_first,
-              "TOKENS_FIRST": tokens_first, "L2_PREFETCH": l2_prefetch}
+              "TOKENS_FIRST": tokens_first}
     compiled = decode.compile_for_sm90(config, dtype, block_m, symmetric, zeros_dtype, group_size=group_size)
     ptx = compiled.asm["ptx"]
     # the program's first token, m0 = BLOCK_M * (its token block), from the grid's first dimension with TOKENS_FIRST,
@@ -62,11 +61,6 @@ def test_decode_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmet
     if wait_prior:  # ... and the words of all AHEAD prologue steps (rows / 8 16-byte loads a thread each) before it
         before_wait = ptx[:ptx.index("griddepcontrol.wait")]
         assert len(re.findall(r"ld\.global[^;\n]*\.v4", before_wait)) == ahead * rows // 8
-    # L2_PREFETCH: one bulk prefetch of a ROWS * 64-byte chunk per lane, before the wait, only when there is one
-    prefetches = re.findall(r"cp\.async\.bulk\.prefetch\.L2\.global \[[^\]]+\], (\d+);", ptx)
-    assert prefetches == ([str(rows * 64)] if wait_prior and l2_prefetch else [])
-    if prefetches:
-        assert ptx.index("cp.async.bulk.prefetch") < ptx.index("griddepcontrol.wait")
     # integer and symmetric zeros are subtracted in the operand (fma.rn.f16x2 / bf16x2) unless ZEROS_BY_X_SUM;
     # fractional zeros always go through the x sums
     kind = "f16" if dtype == torch.float16 else "bf16"
@@ -97,10 +91,6 @@ def test_decode_refuses_what_it_cannot_run(w4a16, device):
         call(config={"num_warps": 3})
     with pytest.raises(ValueError, match="BLOCK_M must be one of"):
         call(config={"BLOCK_M": 32})
-    with pytest.raises(ValueError, match="L2_PREFETCH must be an int from 0 to 32"):
-        call(config={"L2_PREFETCH": 33})
-    with pytest.raises(ValueError, match="L2_PREFETCH must be an int from 0 to 32"):
-        call(config={"L2_PREFETCH": True})
     with pytest.raises(ValueError, match="M <= 16"):
         call(m=17)
     odd, _ = random_layer(w4a16, 320, 40, 64, False, torch.float16, device, seed=4)
@@ -193,15 +183,6 @@ def test_decode_keeps_gather_pdl_only_for_act_order(w4a16, device):
     assert plan.config.get("GATHER_PDL", False) == dispatch.programmatic_launch(dev)
     plain = dispatch.plan_gemm(4, 96, 512, 128, torch.float16, dev, path="decode", config={"GATHER_PDL": True})
     assert "GATHER_PDL" not in plain.config
-    # L2_PREFETCH (the words pulled into L2 during a programmatic dependent's wait) goes with a wait: GATHER_PDL or a
-    # call's pdl
-    kept = dispatch.programmatic_launch(dev)
-    for config, act_order, pdl in (({"GATHER_PDL": True, "L2_PREFETCH": 4}, True, False), ({"L2_PREFETCH": 4}, False, True)):
-        plan = dispatch.plan_gemm(4, 96, 512, 128, torch.float16, dev, path="decode", config=config, act_order=act_order, pdl=pdl)
-        assert plan.config.get("L2_PREFETCH", 0) == (4 if kept else 0), (config, pdl)
-    for config, act_order in (({"GATHER_PDL": True, "L2_PREFETCH": 4}, False), ({"L2_PREFETCH": 4}, True)):
-        plan = dispatch.plan_gemm(4, 96, 512, 128, torch.float16, dev, path="decode", config=config, act_order=act_order)
-        assert "L2_PREFETCH" not in plan.config, config
 
 
 def test_decode_drops_adjacent_rows_for_per_channel(w4a16, device):
@@ -226,12 +207,6 @@ def test_decode_act_order_and_unaligned_x(w4a16):
     # ... with three steps' weights loaded before the wait (AHEAD 3)
     assert_path_matches_reference(w4a16, weight, ref, ("decode", {"ROWS": 16, "AHEAD": 3, "GATHER_PDL": True}),
                                   torch.float16, "cuda", (1, 5, 16), seed=74)
-    # ... with later steps' words prefetched into L2 during the wait (N past the last whole 64-row tile: the chunks of
-    # the padding rows exist; lanes past a warp's steps prefetch nothing)
-    long, long_ref = random_layer(w4a16, 2048, 200, 128, False, torch.bfloat16, "cuda", act_order=True, seed=75)
-    for config in ({"ROWS": 16, "num_warps": 4, "GATHER_PDL": True, "L2_PREFETCH": 2},
-                   {"ROWS": 32, "num_warps": 2, "AHEAD": 2, "GATHER_PDL": True, "L2_PREFETCH": 32}):
-        assert_path_matches_reference(w4a16, long, long_ref, ("decode", config), torch.bfloat16, "cuda", (1, 3, 16), seed=76)
     plain, ref = random_layer(w4a16, 256, 64, 128, False, torch.float16, "cuda", seed=73)
     wide = torch.randn(3, 257, dtype=torch.float16, device="cuda")
     x = wide[:, 1:]  # rows start 2 bytes past an aligned address, stride 257 elements

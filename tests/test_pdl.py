@@ -90,15 +90,12 @@ print(json.dumps(out))
                 assert r["release"] < r["wait"] and not r["loads_before_wait"], (path, r)
 
 
-@pytest.mark.parametrize("path", ["splitk", "streamk", "tiled", "decode", "decode_l2_prefetch"])
+@pytest.mark.parametrize("path", ["splitk", "streamk", "tiled", "decode"])
 def test_pdl_gemm_reads_x_only_after_the_kernel_before(w4a16, device, path):
     """On an sm_90+ GPU: x written by a kernel that releases its dependents first and writes x ~200 us later; the
     GEMM with pdl=True, launched right after it, must see the new x (float64 reference), back to back and in a CUDA
     graph. Control: a programmatic dependent that copies x without waiting sees the old x, so the GEMM did start early.
-    On the CPU (Triton's interpreter, splitk only: no Gluon there) pdl changes nothing. decode_l2_prefetch: the decode
-    kernel with L2_PREFETCH, which prefetches later words into L2 before its wait."""
-    l2_prefetch = path == "decode_l2_prefetch"
-    path = "decode" if l2_prefetch else path
+    On the CPU (Triton's interpreter, splitk only: no Gluon there) pdl changes nothing."""
     cuda = device == "cuda"
     if not cuda:
         if path != "splitk":
@@ -135,10 +132,9 @@ def test_pdl_gemm_reads_x_only_after_the_kernel_before(w4a16, device, path):
     weight, ref = random_layer(w4a16, 1024, 96, 128, False, torch.float16, device, seed=31)
     config = {"BLOCK_N": 64, "BLOCK_M": 16, "SPLIT_K": 4} if path == "splitk" else \
         {"BLOCK_N": 64, "BLOCK_M": 16, "PROGRAMS": 12} if path == "streamk" else \
-        {"BLOCK_N": 64, "BLOCK_M": 32} if path == "tiled" else \
-        {"ROWS": 16, "AHEAD": 1, "L2_PREFETCH": 4} if l2_prefetch else {"ROWS": 16, "AHEAD": 2}
+        {"BLOCK_N": 64, "BLOCK_M": 32} if path == "tiled" else {"ROWS": 16, "AHEAD": 2}
     plan = w4a16.dispatch.plan_gemm(16, 96, 1024, 128, torch.float16, torch.device(device), path=path, config=config, pdl=True)
-    assert plan.config.get("PDL") and plan.config.get("L2_PREFETCH", 0) == (4 if l2_prefetch else 0)
+    assert plan.config.get("PDL")
     spin_ns = 200_000  # (a programmatic dependent started 14-23 us after its primary released it on the H200)
 
     def write_then_gemm(src, x, m):

@@ -16,8 +16,7 @@ Paths:
     decode     NVIDIA mma.sync kernel (Gluon, gemm_decode.py), M <= 16: one program per ROWS weight rows, BLOCK_M
                tokens and all of K, the K blocks split over its num_warps warps (no split-K workspace); ROWS,
                BLOCK_M, AHEAD (register ring depth), maxnreg, ZEROS_BY_X_SUM, ADJACENT_ROWS, X_AT_USE, EVICT_FIRST,
-               TOKENS_FIRST, GATHER_PDL (act-order), L2_PREFETCH (words pulled into L2 while a programmatic
-               dependent waits: GATHER_PDL or PDL).
+               TOKENS_FIRST, GATHER_PDL (act-order).
                Its entries carry FALLBACK, as pingpong's do (no Gluon, AMD)
     pingpong   Hopper warp-specialised kernel (Gluon, gemm_pingpong.py), mid and large M: consumer
                warpgroups (CONSUMERS, 2 or 1) unpack and multiply while a loader warp streams x by TMA;
@@ -45,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from .gemm_decode import MAX_L2_PREFETCH, adjacent_rows_apply
+from .gemm_decode import adjacent_rows_apply
 from .gemm_decode import available as decode_available
 from .gemm_pingpong import available as pingpong_available
 
@@ -173,16 +172,13 @@ def _applicable(plan: Plan, act_order: bool, device: torch.device, group_size: i
     per call), so that the plan says what runs: GATHER_PDL (act-order's GEMM launched as a programmatic dependent of
     the gather of x) needs act-order weights, a path of PDL_PATHS and `programmatic_launch`; ADJACENT_ROWS (the
     decode kernel's row order for its per-block scale and zero loads) needs `gemm_decode.adjacent_rows_apply` (not
-    per-channel); PDL (the call's `pdl`: module docstring) is added for a path of PDL_PATHS under `programmatic_launch`;
-    L2_PREFETCH (the decode kernel's prefetch while it waits) needs GATHER_PDL or PDL, one of those waits."""
+    per-channel); PDL (the call's `pdl`: module docstring) is added for a path of PDL_PATHS under `programmatic_launch`."""
     dropped = set()
     if plan.config.get("GATHER_PDL") and not (act_order and plan.path in PDL_PATHS and programmatic_launch(device)):
         dropped.add("GATHER_PDL")
     if plan.config.get("ADJACENT_ROWS") and not adjacent_rows_apply(group_size, k):
         dropped.add("ADJACENT_ROWS")
     added = {"PDL": True} if pdl and plan.path in PDL_PATHS and programmatic_launch(device) else {}
-    if plan.config.get("L2_PREFETCH") and not (added or (plan.config.get("GATHER_PDL") and "GATHER_PDL" not in dropped)):
-        dropped.add("L2_PREFETCH")
     if dropped or added:
         return Plan(plan.path, {**{key: v for key, v in plan.config.items() if key not in dropped}, **added}, plan.source)
     return plan
@@ -226,7 +222,7 @@ PATH_CONFIG_KEYS = {
     "tiled": _TENSOR_CORE_KEYS,
     "streamk": tuple(key for key in _TENSOR_CORE_KEYS if key != "SPLIT_K") + ("PROGRAMS",),  # PROGRAMS replaces SPLIT_K
     "decode": ("BLOCK_M", "num_warps", "maxnreg", "ROWS", "AHEAD", "ZEROS_BY_X_SUM", "ADJACENT_ROWS", "X_AT_USE",
-               "EVICT_FIRST", "TOKENS_FIRST", "GATHER_PDL", "L2_PREFETCH"),
+               "EVICT_FIRST", "TOKENS_FIRST", "GATHER_PDL"),
     "pingpong": ("BLOCK_M", "SPLIT_K", "PROGRAMS", "num_stages", "maxnreg", "CONSUMERS", "UNPACK_AHEAD"),
     "dense": (),
     "reference": (),
@@ -266,10 +262,6 @@ def _forced(path: str, m: int, n: int, k: int, config: dict | None = None) -> Pl
         for key in CONFIG_OPTIONS:
             if key in config and not isinstance(config[key], bool):
                 raise ValueError(f"config {key} must be True or False, got {config[key]!r}")
-        # (checked here too, not only by the decode launcher: `_applicable` drops it where no wait exists)
-        prefetch = config.get("L2_PREFETCH", 0)
-        if type(prefetch) is not int or not 0 <= prefetch <= MAX_L2_PREFETCH:
-            raise ValueError(f"config L2_PREFETCH must be an int from 0 to {MAX_L2_PREFETCH} for path 'decode', got {prefetch!r}")
         plan = Plan(path, {**plan.config, **config}, "forced")
     return plan
 

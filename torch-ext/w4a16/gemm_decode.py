@@ -25,9 +25,7 @@ output tile, and nothing is shared inside the loop:
               dependent of that gather and loads the weights of its first AHEAD blocks before waiting for it
     PDL       (a call's `pdl`, sm_90+) the same wait for whatever kernel ran before (x is read only after it has
               finished; the weights are not: the caller's promise is that kernel does not write them), and the
-              kernel after this one is released (griddepcontrol.launch_dependents) as soon as every program started;
-              under either wait the plan option L2_PREFETCH = P has each warp pull the words of its next P blocks into
-              L2 (bulk prefetches) before waiting
+              kernel after this one is released (griddepcontrol.launch_dependents) as soon as every program started
     end       the warps' fp32 tiles summed once through shared memory, y stored
 
 Operand orders (the MMA's k index is free as long as A and B agree): a warp's lane t (of 4) takes word columns
@@ -70,11 +68,10 @@ except ImportError:  # pragma: no cover - exercised only with an old Triton
     HAVE_GLUON = False
 
 __all__ = ["HAVE_GLUON", "available", "adjacent_rows_apply", "decode_block_m", "launch_decode", "launch_decode_kept",
-           "compile_for_sm90", "DECODE_ROWS", "DECODE_BLOCK_M", "MAX_L2_PREFETCH"]
+           "compile_for_sm90", "DECODE_ROWS", "DECODE_BLOCK_M"]
 
 DECODE_ROWS = (16, 32)  # weight rows per program the kernel takes (ROWS)
 DECODE_BLOCK_M = (8, 16)  # tokens per program (BLOCK_M)
-MAX_L2_PREFETCH = 32  # L2_PREFETCH's largest value: one bulk prefetch per lane of a warp
 
 
 @functools.lru_cache(maxsize=None)
@@ -247,16 +244,6 @@ if HAVE_GLUON:
                                          is_pure=False, pack=1)
 
     @gluon.jit
-    def _prefetch_words_l2(chunk_ptr, go, BYTES: gl.constexpr):
-        """A bulk prefetch into L2 (cp.async.bulk.prefetch.L2, sm_90+) of the BYTES-byte chunk of words at each
-        chunk_ptr ([W, 32]: per lane, one K block's chunk of the program's rows) where `go` is nonzero. It holds no
-        register and no L1 resource: the words stream from DRAM into L2 while the warps wait for the prior grid."""
-        addr = chunk_ptr.to(gl.int64, bitcast=True)
-        return gl.inline_asm_elementwise(
-            f"{{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], {BYTES}; mov.b32 $0, $2; }}",
-            "=r,l,r", [addr, go], dtype=gl.int32, is_pure=False, pack=1)
-
-    @gluon.jit
     def _load_params(s_base, z_base, step, kb_p, num_kb, N, p_layout: gl.constexpr, z_layout: gl.constexpr,
                      WARPS: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr,
                      ZERO_IN_OPERAND: gl.constexpr):
@@ -321,7 +308,7 @@ if HAVE_GLUON:
                        SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr,
                        ADJACENT_ROWS: gl.constexpr, PARAMS_VECTOR: gl.constexpr, ZEROS_BY_X_SUM: gl.constexpr,
                        X_AT_USE: gl.constexpr, WAIT_PRIOR: gl.constexpr, EVICT_FIRST: gl.constexpr,
-                       TOKENS_FIRST: gl.constexpr, RELEASE_DEPENDENTS: gl.constexpr, L2_PREFETCH: gl.constexpr):
+                       TOKENS_FIRST: gl.constexpr, RELEASE_DEPENDENTS: gl.constexpr):
         """y[M, N] = x[M, K] @ W: see the module docstring. GROUPS: scale groups per 128-row block
         (`layout.groups_per_block`: 1 when a group spans the block); BLOCKS_PER_GROUP: blocks per group then (0:
         per-channel); TOKENS_FIRST: grid axis 0 runs over the token blocks (module docstring); ADJACENT_ROWS: the row
@@ -334,10 +321,7 @@ if HAVE_GLUON:
         `pdl`, plan option PDL): x's loads wait for it (griddepcontrol.wait); the words, scales and zeros of the first
         blocks need not. RELEASE_DEPENDENTS (PDL): the next kernel may be launched once every program has started.
         EVICT_FIRST: the words loaded under L1 and L2
-        evict-first policies (read once; it won on most large shapes and lost on some small ones, NOTES v35, v38).
-        L2_PREFETCH (0: off; with WAIT_PRIOR only): before the wait, each warp also prefetches the words of its next
-        L2_PREFETCH steps (after the AHEAD steps it loads) into L2, one bulk prefetch per lane and step, so that DRAM
-        streams while the prior grid (the gather of x, or the model's kernel before) finishes."""
+        evict-first policies (read once; it won on most large shapes and lost on some small ones, NOTES v35, v38)."""
         # integer zeros (uint8: 0..127, layout.py) and symmetric weights subtract the zero in the operand (one fma
         # per word, exact), which spares the x sums' MMAs (a third of them at BLOCK_M 8, for 13% more instructions);
         # fractional (float) zeros fold it through them
@@ -408,14 +392,6 @@ if HAVE_GLUON:
             ring = ring + (_load_step(qw_base, x_base, s_base, z_base, j, kb_w, kb_x, num_kb_x, kb_p, num_kb, N,
                                       p_layout, z_layout, WARPS, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, ZERO_IN_OPERAND,
                                       X_AHEAD and not WAIT_PRIOR, EVICT_FIRST),)
-        if L2_PREFETCH > 0:  # lane l < L2_PREFETCH of warp w: the words of its step AHEAD + l, if it has one
-            pf_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [WARPS, 1], [1, 0])
-            pf_w = gl.expand_dims(gl.arange(0, WARPS, layout=gl.SliceLayout(1, pf_layout)), 1)
-            pf_lane = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, pf_layout)), 0)
-            pf_step = AHEAD + pf_lane
-            # (the program's rows n0 .. n0 + ROWS of block kb: ROWS * 64 contiguous bytes of one 64-row tile)
-            pf_ptr = qw_ptr + (n0 // 64) * (num_kb * 1024) + (n0 % 64) * 16 + (pf_step * WARPS + pf_w) * 1024
-            _prefetch_words_l2(pf_ptr, ((pf_lane < L2_PREFETCH) & (pf_step * WARPS + pf_w < num_kb)).to(gl.int32), ROWS * 64)
         if WAIT_PRIOR:  # every weight load of the first AHEAD steps went out before the wait for the gather of x
             num_kb_x = _after_prior_grid(num_kb)
             if X_AHEAD:  # then those steps' x blocks
@@ -528,7 +504,7 @@ def adjacent_rows_apply(group_size: int, in_features: int) -> bool:
 def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int, group_size: int,
                    symmetric: bool) -> tuple[dict, dict]:
     """(constexprs, options) of `_decode_kernel` for a decode plan's configuration `cfg` (num_warps, ROWS, AHEAD,
-    maxnreg, ZEROS_BY_X_SUM, ADJACENT_ROWS, X_AT_USE, EVICT_FIRST, TOKENS_FIRST, L2_PREFETCH, GATHER_PDL: WAIT_PRIOR and a
+    maxnreg, ZEROS_BY_X_SUM, ADJACENT_ROWS, X_AT_USE, EVICT_FIRST, TOKENS_FIRST, GATHER_PDL: WAIT_PRIOR and a
     programmatic launch, kept by the dispatcher only for act-order weights on sm_90+; PDL, which the dispatcher adds
     for a call's `pdl` on sm_90+: WAIT_PRIOR, RELEASE_DEPENDENTS and a programmatic launch) and a call's BLOCK_M
     (`decode_block_m`), weight shape (N decides PARAMS_VECTOR) and format, or a ValueError naming the entry the kernel
@@ -547,9 +523,6 @@ def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int,
     if ahead not in (1, 2, 3):
         raise ValueError(f"config AHEAD must be 1, 2 or 3 for path 'decode', got {ahead!r}")
     wait_prior, release_dependents = programmatic_dependence(cfg)
-    l2_prefetch = cfg.get("L2_PREFETCH", 0)
-    if type(l2_prefetch) is not int or not 0 <= l2_prefetch <= MAX_L2_PREFETCH:
-        raise ValueError(f"config L2_PREFETCH must be an int from 0 to {MAX_L2_PREFETCH} for path 'decode', got {l2_prefetch!r}")
     groups = groups_per_block(group_size, in_features)
     group_blocks = blocks_per_group(group_size, in_features)
     adjacent = bool(cfg.get("ADJACENT_ROWS", False)) and adjacent_rows_apply(group_size, in_features)
@@ -558,8 +531,7 @@ def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int,
                       PARAMS_VECTOR=adjacent and out_features % (rows // 8) == 0,
                       ZEROS_BY_X_SUM=bool(cfg.get("ZEROS_BY_X_SUM", False)), X_AT_USE=bool(cfg.get("X_AT_USE", False)),
                       WAIT_PRIOR=wait_prior, EVICT_FIRST=bool(cfg.get("EVICT_FIRST", False)),
-                      TOKENS_FIRST=tokens_first, RELEASE_DEPENDENTS=release_dependents,
-                      L2_PREFETCH=l2_prefetch if wait_prior else 0)  # (nothing to overlap without a wait)
+                      TOKENS_FIRST=tokens_first, RELEASE_DEPENDENTS=release_dependents)
     maxnreg = cfg.get("maxnreg")
     options = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {}), **({"launch_pdl": True} if wait_prior else {})}
     return constexprs, options
