@@ -4,7 +4,8 @@
                                     [--out benchmarks/results/h200.json]
 
 GPU time per call: CUDA-graph replay over rotating weight copies (> 3x L2), median of replays; every (M,
-implementation) of a shape is timed --rounds times (default 3), interleaved, and a row keeps the median.
+implementation) of a shape is timed --rounds times (default 3), interleaved, the implementations' order rotated
+from round to round, and a row keeps the median.
 Eager wall time per call at M = 1 (`<impl>_eager`). Prints a table (us, x fp16, GB/s, % of 4.2 TB/s)
 and writes JSON {gpu, torch, triton, commit, date, rows}; rows carry shape, N, K, M, impl, us and,
 for w4a16, dtype, group_size, symmetric, act_order and the plan; where nvidia-smi runs, also each round's mean SM
@@ -65,7 +66,8 @@ class Timed:
 
 def bench_shape(kernel, shape, ms, variants, rows, rounds=3, eager_m1=True, ours_only=False, clocks=None):
     """Every implementation on `shape` at every M, `rounds` times over: a round times each (M, implementation) once,
-    back to back, and a row's `us` is the median of its rounds (all of them in `us_rounds`). The GPU runs a shape up to
+    back to back, each round in a rotated order of the implementations, and a row's `us` is the median of its rounds
+    (all of them in `us_rounds`, in round order). The GPU runs a shape up to
     10-20% slower for a while in some runs (NOTES v30): timed interleaved, cuBLAS and ours share that state, and one
     slow stretch moves one round, not the median. With `clocks` (a timing.ClockLog) each row also says at what SM
     clock its rounds ran (`sm_mhz_rounds`) and what share of the samples had the clock held down by a power or thermal
@@ -73,9 +75,14 @@ def bench_shape(kernel, shape, ms, variants, rows, rounds=3, eager_m1=True, ours
     n, k, name = shape["N"], shape["K"], shape["name"]
     timed = ([] if ours_only else baselines(shape, eager_m1)) + ours(kernel, shape, variants, eager_m1 and not ours_only)
     timings: dict = {}  # (i, m) -> [(us, start, end)] per round, start / end on the host clock (time.time())
-    for _ in range(rounds):
+    for r in range(rounds):
+        # round r starts the implementations' list r / rounds of the way in: under the power cap the first timings
+        # of a sequence ran up to 13% faster than the same kernel later in it (NOTES v46), so no implementation may
+        # always go first
+        shift = r * len(timed) // rounds
+        order = list(enumerate(timed))[shift:] + list(enumerate(timed))[:shift]
         for m in ms:
-            for i, t in enumerate(timed):
+            for i, t in order:
                 if m <= t.max_m:
                     x = torch.randn(m, k, device="cuda", dtype=t.dtype)
                     start = time.time()
@@ -95,7 +102,8 @@ def bench_shape(kernel, shape, ms, variants, rows, rounds=3, eager_m1=True, ours
                 if all(seen):
                     extra.update(sm_mhz_rounds=[c["sm_mhz"] for c in seen],
                                  clock_limited_rounds=[c["limited"] for c in seen])
-            rows.append(dict(base, M=m, impl=t.impl, us=statistics.median(us_rounds), us_rounds=us_rounds, **t.fields, **extra))
+            rows.append(dict(base, M=m, impl=t.impl, us=statistics.median(us_rounds), us_rounds=us_rounds, order="rotated",
+                             **t.fields, **extra))
             if m == 1 and t.eager_m1:
                 x = torch.randn(m, k, device="cuda", dtype=t.dtype)
                 rows.append(dict(base, M=m, impl=f"{t.impl}_eager", us=timing.eager_wall_us(lambda: t.call(x, t.weights[0])),
@@ -214,7 +222,7 @@ def write_results(out: Path, rows: list, old_rows: list, old_commit: str = "unkn
     kept = [r for r in kept if key(r) not in new_keys]
     result = {
         **info,
-        "method": "CUDA-graph replay over rotating weight copies (>3x L2), median; rows with us_rounds: median of that many interleaved rounds; *_eager = host wall time per call (best of 5 loops)",
+        "method": "CUDA-graph replay over rotating weight copies (>3x L2), median; rows with us_rounds: median of that many interleaved rounds (with order 'rotated': the implementations' order rotated between rounds); *_eager = host wall time per call (best of 5 loops)",
         "rows": kept + rows,
     }
     out.write_text(json.dumps(result, indent=1) + "\n")
