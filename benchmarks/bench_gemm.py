@@ -76,13 +76,8 @@ def bench_shape(kernel, shape, ms, variants, rows, rounds=3, eager_m1=True, ours
     timed = ([] if ours_only else baselines(shape, eager_m1)) + ours(kernel, shape, variants, eager_m1 and not ours_only)
     timings: dict = {}  # (i, m) -> [(us, start, end)] per round, start / end on the host clock (time.time())
     for r in range(rounds):
-        # round r starts the implementations' list r / rounds of the way in: under the power cap the first timings
-        # of a sequence ran up to 13% faster than the same kernel later in it (NOTES v46), so no implementation may
-        # always go first
-        shift = r * len(timed) // rounds
-        order = list(enumerate(timed))[shift:] + list(enumerate(timed))[:shift]
         for m in ms:
-            for i, t in order:
+            for i, t in timing.round_order(list(enumerate(timed)), r, rounds):
                 if m <= t.max_m:
                     x = torch.randn(m, k, device="cuda", dtype=t.dtype)
                     start = time.time()

@@ -1,4 +1,5 @@
-"""Why is the symmetric format slower than the asymmetric one with the same plan at M = 64 / 128?
+"""Why is the symmetric format slower than the asymmetric one with the same plan (M = 64 / 128 in NOTES v5, 70B.o at
+M = 1 in v40 / v46)?
 
     python benchmarks/probe_symmetric.py --shapes 8B.gate_up,70B.qkv,70B.gate_up --m 64,128 [--rounds 2] --out probe.json
 
@@ -8,9 +9,9 @@ Times, with the asymmetric format's tuned plan forced on all of them (same metho
   sym             the symmetric kernel (no zeros tensor), same codes and scales as asym_zero8
   sym_own_plan    the same, with the symmetric format's own tuned plan (what bench_gemm.py's sym rows run)
 If asym_zero8 is as slow as sym, the data (the values reaching the tensor cores) costs the time, not the
-symmetric kernel's code; if it is as fast as asym, the symmetric kernel's code does. All three read the same qweight
-and scales tensors (one allocation), so the addresses are not a difference either. The rounds alternate the order
-(forward, reversed, ...), so a clock drift within a round does not favour the variant timed first.
+symmetric kernel's code; if it is as fast as asym, the symmetric kernel's code does. All of them read the same qweight
+and scales tensors (one allocation), so the addresses are not a difference either. Each round times them in a rotated
+order (`timing.round_order`), so a clock drift within a round does not favour the variant timed first.
 """
 
 from __future__ import annotations
@@ -49,11 +50,12 @@ def main() -> None:
             plan = kernel.plan_for(asym[0], m)
             sym_weight = kernel.W4A16Weight(qweight=asym[0].qweight, scales=asym[0].scales, zeros=None, perm=None,
                                             in_features=k, out_features=n, group_size=128)
-            plans = {name: plan for name in variants} | {"sym_own_plan": kernel.plan_for(sym_weight, m)}
+            # name -> (weights, plan)
+            timed = {name: (weights, plan) for name, weights in variants.items()}
+            timed["sym_own_plan"] = (variants["sym"], kernel.plan_for(sym_weight, m))
             x = torch.randn(m, k, device="cuda", dtype=torch.float16)
-            for r in range(args.rounds):  # alternating order, so clock drift shows as a difference between rounds
-                for name in (list if r % 2 == 0 else reversed)(list(plans)):
-                    weights, p = variants["sym" if name == "sym_own_plan" else name], plans[name]
+            for r in range(args.rounds):
+                for name, (weights, p) in timing.round_order(list(timed.items()), r, args.rounds):
                     calls = [lambda q=q, s=s, z=z, p=p: kernel.matmul.w4a16_matmul(x, q, s, z, None, k, 128, path=p.path,
                                                                                    config=p.config) for q, s, z in weights]
                     us = timing.gpu_time_us(calls)

@@ -81,6 +81,14 @@ def copies_needed(bytes_per_copy: int, l2_bytes: int | None = None) -> int:
     return max(2, -(-3 * l2_bytes // max(1, bytes_per_copy)) + 1)
 
 
+def round_order(items: list, r: int, rounds: int) -> list:
+    """`items` in the order round r (of `rounds`) times them: started r / rounds of the way into the list, so that over
+    the rounds every item is timed early, midway and late. Under the H200's power cap the first timings of a sequence
+    ran up to 13% faster than the same kernel later in it (NOTES v46): a fixed order favours whatever goes first."""
+    shift = r * len(items) // rounds
+    return items[shift:] + items[:shift]
+
+
 def gpu_time_us(calls, replays: int = 15, min_calls: int = 24, warm_s: float = 0.03) -> float:
     """Median GPU time per call (us) of a CUDA graph that runs `calls` round-robin, after replaying it
     for `warm_s` seconds (the first shape/M measured after building weights came out ~10% slow on the

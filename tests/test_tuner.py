@@ -284,6 +284,21 @@ def test_shape_selection_takes_names_and_literal_shapes():
             timing.select_shapes(bad, data)
 
 
+def test_round_order_moves_every_item_through_the_positions():
+    """bench_gemm.py's / probe_symmetric.py's order per round: over `rounds` rounds each item is timed at positions
+    spread through the list (not always first), every round holding every item once."""
+    _tune_module()  # puts benchmarks/ on sys.path
+    import timing
+
+    items = list("abcdefghi")
+    orders = [timing.round_order(items, r, 3) for r in range(3)]
+    assert orders == [list("abcdefghi"), list("defghiabc"), list("ghiabcdef")]
+    for item in items:
+        assert sorted(order.index(item) for order in orders) in ([0, 3, 6], [1, 4, 7], [2, 5, 8])
+    assert [timing.round_order(["a", "b"], r, 2) for r in range(2)] == [["a", "b"], ["b", "a"]]
+    assert timing.round_order(items, 0, 1) == items
+
+
 @pytest.mark.kernels_ci
 def test_clock_log_summarises_the_samples_of_each_timing():
     """bench_gemm.py's clock record: nvidia-smi's CSV lines parse into (time, SM MHz, limit reasons), anything else is
