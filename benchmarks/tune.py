@@ -134,16 +134,19 @@ def candidates(m: int, n: int, k: int, sm_count: int, regs_per_sm: int = 65536, 
         # stage). Two consumers (128 weight rows) per program, one program per SM, ring <= ~200 KB; or one consumer (64
         # rows) per program, two programs per SM: registers capped at 128 per thread at launch (the consumer takes 232 of
         # its program's share back), ring <= ~110 KB. Each with split-K and with Stream-K (one persistent program per
-        # program slot sharing the (tile, K block) units evenly: no half-empty last wave).
-        for rows, per_sm, forms, extra in ((128, 1, ((64, 3), (64, 4), (64, 6), (128, 3), (128, 4), (256, 2), (256, 3)), {}),
-                                           (64, 2, ((64, 4), (128, 2)), {"CONSUMERS": 1, "maxnreg": 128})):
-            for bm, stages in forms:
+        # program slot sharing the (tile, K block) units evenly: no half-empty last wave). WORDS_TMA forms stage the
+        # weight words in the ring too (8 KB more per stage with two consumers, 4 KB with one), as deep as it fits.
+        for rows, per_sm, forms, words_tma_forms, extra in (
+                (128, 1, ((64, 3), (64, 4), (64, 6), (128, 3), (128, 4), (256, 2), (256, 3)), ((64, 8), (128, 5), (256, 3)), {}),
+                (64, 2, ((64, 4), (128, 2)), ((64, 5), (128, 3)), {"CONSUMERS": 1, "maxnreg": 128})):
+            for bm, stages, words_tma in [(*form, False) for form in forms] + [(*form, True) for form in words_tma_forms]:
                 if bm > 2 * m:
                     continue
                 # (UNPACK_AHEAD is left to --around-plan: it won on 1 of 29 pingpong entries, NOTES v24)
+                config = {"BLOCK_M": bm, "num_stages": stages, **extra, **({"WORDS_TMA": True} if words_tma else {})}
                 for split in split_counts(-(-n // rows) * -(-m // bm), k, per_sm * sm_count, most=4):
-                    yield "pingpong", {"BLOCK_M": bm, "num_stages": stages, "SPLIT_K": split, **extra}
-                yield "pingpong", {"BLOCK_M": bm, "num_stages": stages, "PROGRAMS": per_sm * sm_count, **extra}
+                    yield "pingpong", {**config, "SPLIT_K": split}
+                yield "pingpong", {**config, "PROGRAMS": per_sm * sm_count}
     if m >= 64:  # the dense path (dequantize + cuBLAS): the H200 table picks it at M = 512 on four shapes, M >= 1024 on all
         yield "dense", {}
 

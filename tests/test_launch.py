@@ -217,7 +217,28 @@ def test_repeat_pingpong_calls_match_reference(w4a16):
             assert torch.equal(y, full), (m, call)
         if w4a16.launch._fast_launch:
             kept = weight.repeat_launches[(m, torch.float16, stream, False, False)]
-            assert isinstance(kept, w4a16.launch.RepeatLaunch) and kept.x_descriptor is not None
+            assert isinstance(kept, w4a16.launch.RepeatLaunch) and kept.descriptors is not None
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
+                    reason="the pingpong kernel runs on sm_90")
+def test_repeat_pingpong_words_tma_reads_each_calls_weight(w4a16):
+    """A kept WORDS_TMA launch makes the weight's descriptor per call too: repeats on another weight of the same shape
+    (and back) give that weight's product, bitwise equal to a full launch on it."""
+    pingpong = w4a16.gemm_pingpong
+    layers = [random_layer(w4a16, 1024, 320, 128, False, torch.float16, "cuda", seed=seed) for seed in (41, 42)]
+    plan = w4a16.dispatch.Plan("pingpong", {"BLOCK_M": 128, "num_stages": 5, "SPLIT_K": 2, "WORDS_TMA": True}, "test")
+    first = layers[0][0]
+    x = torch.randn(128, 1024, device="cuda", dtype=torch.float16)
+    _, kept = pingpong.launch_pingpong_kept(x, first.qweight, first.scales, first.zeros, 1024, 128, plan)
+    if kept is None:
+        assert not w4a16.launch._fast_launch
+        pytest.skip("no fast launch path on this Triton")
+    for weight, ref in layers[1:] + layers:
+        x = torch.randn(128, 1024, device="cuda", dtype=torch.float16)
+        y = kept(x, weight.qweight, weight.scales, weight.zeros)
+        assert _relative_error(y, x.double() @ ref.to(device="cuda", dtype=torch.float64)) < TOL[torch.float16]
+        assert torch.equal(y, pingpong.launch_pingpong(x, weight.qweight, weight.scales, weight.zeros, 1024, 128, plan))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="kept launches are the eager CUDA path")

@@ -22,18 +22,22 @@ def _on_hopper() -> bool:
     (torch.float16, False, torch.uint8, 128, 256, 1, "counted"),  # group 256; one consumer per program, maxnreg 128
     (torch.bfloat16, False, torch.uint8, 128, 4096, 2, "whole"),  # per-channel (one group spanning K = 4096)
 ])
-@pytest.mark.parametrize("unpack_ahead", [False, True])
+@pytest.mark.parametrize("unpack_ahead,words_tma", [(False, False), (True, False), (False, True), (True, True)])
 def test_pingpong_compiles_for_sm90(w4a16, pristine_triton_language, dtype, symmetric, zeros_dtype, block_m, group_size,
-                                    consumers, reduction, unpack_ahead):
+                                    consumers, reduction, unpack_ahead, words_tma):
     pingpong = w4a16.gemm_pingpong
     if not pingpong.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     compiled = pingpong.compile_for_sm90(dtype, block_m, 3 if block_m < 256 else 2, symmetric, zeros_dtype,
                                          group_size=group_size, in_features=4096, consumers=consumers,
                                          maxnreg=128 if consumers == 1 else None, shared_tiles=reduction != "whole",
-                                         unpack_ahead=unpack_ahead, spread=4 if reduction == "spread" else 0)
+                                         unpack_ahead=unpack_ahead, spread=4 if reduction == "spread" else 0,
+                                         words_tma=words_tma)
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx  # tensor cores fed by TMA
+    # x's two boxes per stage, and with WORDS_TMA each consumer's word tile; the consumers then load no words
+    assert ptx.count("cp.async.bulk.tensor") == 2 + (consumers if words_tma else 0)
+    assert ("ld.global.v4.b32" in ptx or "ld.global.v2.b32" in ptx) != words_tma, "words loaded from global memory"
     assert "setmaxnreg" in ptx  # the partitions got their register budgets
     assert ("atom." in ptx) == (reduction != "whole")  # arrival counters only where tiles are shared
     # the spread reduction waits for the tile's other contributors (acquire loads of the counter in a loop)
@@ -133,6 +137,12 @@ def test_pingpong_refuses_what_it_cannot_run(w4a16, device):
     {"BLOCK_M": 128, "num_stages": 3, "PROGRAMS": 5, "UNPACK_AHEAD": True},
     {"BLOCK_M": 64, "num_stages": 4, "PROGRAMS": 7, "CONSUMERS": 1, "maxnreg": 128, "UNPACK_AHEAD": True},
     {"BLOCK_M": 256, "num_stages": 2, "SPLIT_K": 1, "UNPACK_AHEAD": True},
+    # the words staged by the loader's TMA (row tiles past N read as zeros), rings deeper than a segment
+    {"BLOCK_M": 64, "num_stages": 8, "SPLIT_K": 3, "WORDS_TMA": True},
+    {"BLOCK_M": 128, "num_stages": 5, "PROGRAMS": 5, "WORDS_TMA": True},
+    {"BLOCK_M": 256, "num_stages": 3, "SPLIT_K": 1, "WORDS_TMA": True},
+    {"BLOCK_M": 64, "num_stages": 5, "PROGRAMS": 7, "CONSUMERS": 1, "maxnreg": 128, "WORDS_TMA": True},
+    {"BLOCK_M": 128, "num_stages": 4, "SPLIT_K": 3, "UNPACK_AHEAD": True, "WORDS_TMA": True},
 ])
 def test_pingpong_matches_reference(w4a16, dtype, k, n, group_size, symmetric, fractional, config):
     weight, ref = random_layer(w4a16, k, n, group_size, symmetric, dtype, "cuda", seed=21, fractional_zeros=fractional)
@@ -140,13 +150,14 @@ def test_pingpong_matches_reference(w4a16, dtype, k, n, group_size, symmetric, f
 
 
 @pytest.mark.skipif(not _on_hopper(), reason="the Gluon kernel needs an sm_90 GPU")
-@pytest.mark.parametrize("programs,consumers,unpack_ahead", [(37, 2, False), (132, 2, False), (264, 1, False), (37, 2, True),
-                                                               (264, 1, True)])
-def test_pingpong_stream_k_many_contributors(w4a16, programs, consumers, unpack_ahead):
+@pytest.mark.parametrize("programs,consumers,unpack_ahead,words_tma", [
+    (37, 2, False, False), (132, 2, False, False), (264, 1, False, False), (37, 2, True, False), (264, 1, True, False),
+    (37, 2, False, True), (132, 2, True, True), (264, 1, False, True)])
+def test_pingpong_stream_k_many_contributors(w4a16, programs, consumers, unpack_ahead, words_tma):
     """A persistent grid on few tiles: each tile's 24 K blocks are shared by many programs (one or two units each),
     and segments cross tile boundaries; the reduction must still sum every partial once, in order."""
     weight, ref = random_layer(w4a16, 3072, 200, 128, False, torch.float16, "cuda", seed=31)
-    config = {"BLOCK_M": 64, "num_stages": 4, "PROGRAMS": programs, "UNPACK_AHEAD": unpack_ahead,
+    config = {"BLOCK_M": 64, "num_stages": 4, "PROGRAMS": programs, "UNPACK_AHEAD": unpack_ahead, "WORDS_TMA": words_tma,
               **({"CONSUMERS": 1, "maxnreg": 128} if consumers == 1 else {})}
     assert_path_matches_reference(w4a16, weight, ref, ("pingpong", config), torch.float16, "cuda", (1, 64, 130), seed=32)
 

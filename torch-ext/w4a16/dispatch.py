@@ -223,7 +223,7 @@ PATH_CONFIG_KEYS = {
     "streamk": tuple(key for key in _TENSOR_CORE_KEYS if key != "SPLIT_K") + ("PROGRAMS",),  # PROGRAMS replaces SPLIT_K
     "decode": ("BLOCK_M", "num_warps", "maxnreg", "ROWS", "AHEAD", "ZEROS_BY_X_SUM", "ADJACENT_ROWS", "X_AT_USE",
                "EVICT_FIRST", "TOKENS_FIRST", "GATHER_PDL"),
-    "pingpong": ("BLOCK_M", "SPLIT_K", "PROGRAMS", "num_stages", "maxnreg", "CONSUMERS", "UNPACK_AHEAD"),
+    "pingpong": ("BLOCK_M", "SPLIT_K", "PROGRAMS", "num_stages", "maxnreg", "CONSUMERS", "UNPACK_AHEAD", "WORDS_TMA"),
     "dense": (),
     "reference": (),
 }
@@ -232,7 +232,7 @@ CONFIG_KEYS = tuple(dict.fromkeys(key for keys in PATH_CONFIG_KEYS.values() for 
 
 # the on / off options among them: bools (a forced config is checked in `_forced`, the one place caller-given
 # configurations enter; the shipped table's entries by tests/test_gemm.py's table test)
-CONFIG_OPTIONS = ("SCALE_IN_OPERAND", "ONE_TOKEN", "GATHER_PDL", "STREAM_PARAMS", "UNPACK_AHEAD", "ZEROS_BY_X_SUM",
+CONFIG_OPTIONS = ("SCALE_IN_OPERAND", "ONE_TOKEN", "GATHER_PDL", "STREAM_PARAMS", "UNPACK_AHEAD", "WORDS_TMA", "ZEROS_BY_X_SUM",
                   "ADJACENT_ROWS", "X_AT_USE", "EVICT_FIRST", "TOKENS_FIRST")
 
 

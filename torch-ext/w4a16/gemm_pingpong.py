@@ -167,12 +167,17 @@ if HAVE_GLUON:
                 gl.convert_layout(hi.to(dtype, bitcast=True), a_layout, assert_trivial=True))
 
     @gluon.jit
-    def _load_block(fetch, kb, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr):
+    def _load_block(fetch, kb, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr,
+                    WORDS_TMA: gl.constexpr):
         """K block kb's words [64, 16] and the scales and zeros (tuples of GROUPS) of its groups for rows n (the scale
         again as the zero when SYMMETRIC: never used, no zeros tensor exists). Groups past K (a last block that
-        K ends inside) read as 0. fetch: (word_ptrs, s_ptr, z_ptr, n, n_ok, N, num_groups)."""
+        K ends inside) read as 0. fetch: (word_ptrs, s_ptr, z_ptr, n, n_ok, N, num_groups). WORDS_TMA: the words
+        come from the loader's shared-memory stage instead (`_stage_words`), and kb stands in for them (never read)."""
         word_ptrs, s_ptr, z_ptr, n, n_ok, N, num_groups = fetch
-        words = gl.load(word_ptrs + kb * 1024, mask=n_ok[:, None], other=0)
+        if WORDS_TMA:
+            words = kb
+        else:
+            words = gl.load(word_ptrs + kb * 1024, mask=n_ok[:, None], other=0)
         scales = ()
         zeros = ()
         for j in gl.static_range(GROUPS):
@@ -187,11 +192,26 @@ if HAVE_GLUON:
         return words, scales, zeros
 
     @gluon.jit
-    def _advance(ring, fetch, kb_fetch, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr):
+    def _advance(ring, fetch, kb_fetch, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr,
+                 WORDS_TMA: gl.constexpr):
         """The register ring's first block (words as uint32, scales, zeros), and the ring moved on by one with block
         kb_fetch loaded at its end."""
         words, s, z = ring[0]
-        return (words.to(gl.uint32, bitcast=True), s, z), (ring[1], _load_block(fetch, kb_fetch, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP))
+        return (words.to(gl.uint32, bitcast=True), s, z), (ring[1], _load_block(fetch, kb_fetch, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP,
+                                                                                    WORDS_TMA))
+
+    @gluon.jit
+    def _stage_words(block, w_smem, x_ready, i, STAGES: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr,
+                     WORDS_TMA: gl.constexpr):
+        """`block` (words, scales, zeros) of x's ring position i; with WORDS_TMA its words read from the stage's
+        shared-memory tile [64, 16] of this consumer, which the loader fills with x's tile (one barrier for both)."""
+        if WORDS_TMA:
+            words, s, z = block
+            stage = i % STAGES
+            mbarrier.wait(x_ready.index(stage), (i // STAGES) & 1)
+            words = w_smem.index(stage * CONSUMERS + CONSUMER).load(_operand_words_layout()).to(gl.uint32, bitcast=True)
+            block = (words, s, z)
+        return block
 
     @gluon.jit
     def _work_range(M, N, num_kb, BLOCK_M: gl.constexpr, CONSUMERS: gl.constexpr):
@@ -210,11 +230,13 @@ if HAVE_GLUON:
     def _accumulate(word_ptrs, s_ptr, z_ptr, x_smem, x_ready, empty, n, n_ok, N, block_start, block_end, ring_start,
                     num_groups, a_layout: gl.constexpr, mma_layout: gl.constexpr, BLOCK_M: gl.constexpr,
                     STAGES: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr,
-                    UNPACK_AHEAD: gl.constexpr):
+                    UNPACK_AHEAD: gl.constexpr, w_smem, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr,
+                    WORDS_TMA: gl.constexpr):
         """acc [64, BLOCK_M] fp32 over K blocks [block_start, block_end) of one weight tile's 64 rows: words (and
         scale / zero) loaded two blocks ahead into registers, unpacked into the A operands, two wgmma (K = 64
         each) against x's stage, wait, release the stage (UNPACK_AHEAD: the next block unpacked before that wait).
-        ring_start: the x ring position of block_start."""
+        ring_start: the x ring position of block_start. WORDS_TMA: the words from x's stage instead, STAGES blocks
+        ahead (`_stage_words`); scales and zeros still from the register ring."""
         dtype: gl.constexpr = x_smem.dtype
         MAGIC: gl.constexpr = MAGIC_PAIRS[0] if dtype == gl.float16 else MAGIC_PAIRS[1]
         MAGIC_VALUE: gl.constexpr = MAGIC_VALUES[0] if dtype == gl.float16 else MAGIC_VALUES[1]
@@ -222,27 +244,27 @@ if HAVE_GLUON:
         # blocks block_start and block_start + 1 in flight before the loop; each step fetches the one two ahead
         # (clamped to the segment's last block: the tail re-reads it instead of reading past the range)
         fetch = (word_ptrs, s_ptr, z_ptr, n, n_ok, N, num_groups)
-        ring = (_load_block(fetch, block_start, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP),
-                _load_block(fetch, gl.minimum(block_start + 1, block_end - 1), SYMMETRIC, GROUPS, BLOCKS_PER_GROUP))
+        ring = (_load_block(fetch, block_start, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, WORDS_TMA),
+                _load_block(fetch, gl.minimum(block_start + 1, block_end - 1), SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, WORDS_TMA))
         acc = gl.zeros([64, BLOCK_M], gl.float32, layout=mma_layout)
         if UNPACK_AHEAD:
             # block b + 1 unpacked while block b's MMAs run, into the other of two operand sets (unrolled by two:
             # a loop-carried operand would be rewritten under its own in-flight wgmma, which ptxas then serializes)
-            block, ring = _advance(ring, fetch, gl.minimum(block_start + 2, block_end - 1), SYMMETRIC, GROUPS, BLOCKS_PER_GROUP)
-            words, s, z = block
-            a_lo, a_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
+            block, ring = _advance(ring, fetch, gl.minimum(block_start + 2, block_end - 1), SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, WORDS_TMA)
             i = ring_start
+            words, s, z = _stage_words(block, w_smem, x_ready, i, STAGES, CONSUMER, CONSUMERS, WORDS_TMA)
+            a_lo, a_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
             for kb in range(block_start, block_end - 1, 2):  # blocks kb (operands a) and kb + 1 (operands b)
                 acc = _issue_block_mmas(a_lo, a_hi, acc, x_smem, x_ready, i, STAGES)
-                block, ring = _advance(ring, fetch, gl.minimum(kb + 3, block_end - 1), SYMMETRIC, GROUPS, BLOCKS_PER_GROUP)
-                words, s, z = block
+                block, ring = _advance(ring, fetch, gl.minimum(kb + 3, block_end - 1), SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, WORDS_TMA)
+                words, s, z = _stage_words(block, w_smem, x_ready, i + 1, STAGES, CONSUMER, CONSUMERS, WORDS_TMA)
                 b_lo, b_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
                 acc, a_lo, a_hi = warpgroup_mma_wait(num_outstanding=0, deps=[acc, a_lo, a_hi])
                 mbarrier.arrive(empty.index(i % STAGES), count=1)
                 acc = _issue_block_mmas(b_lo, b_hi, acc, x_smem, x_ready, i + 1, STAGES)
-                block, ring = _advance(ring, fetch, gl.minimum(kb + 4, block_end - 1), SYMMETRIC, GROUPS, BLOCKS_PER_GROUP)
-                words, s, z = block
-                if kb + 2 < block_end:
+                block, ring = _advance(ring, fetch, gl.minimum(kb + 4, block_end - 1), SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, WORDS_TMA)
+                if kb + 2 < block_end:  # (with WORDS_TMA the loader fills position i + 2 only then)
+                    words, s, z = _stage_words(block, w_smem, x_ready, i + 2, STAGES, CONSUMER, CONSUMERS, WORDS_TMA)
                     a_lo, a_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
                 acc, b_lo, b_hi = warpgroup_mma_wait(num_outstanding=0, deps=[acc, b_lo, b_hi])
                 mbarrier.arrive(empty.index((i + 1) % STAGES), count=1)
@@ -254,8 +276,8 @@ if HAVE_GLUON:
         else:
             for kb in range(block_start, block_end):
                 i = ring_start + kb - block_start
-                block, ring = _advance(ring, fetch, gl.minimum(kb + 2, block_end - 1), SYMMETRIC, GROUPS, BLOCKS_PER_GROUP)
-                words, s, z = block
+                block, ring = _advance(ring, fetch, gl.minimum(kb + 2, block_end - 1), SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, WORDS_TMA)
+                words, s, z = _stage_words(block, w_smem, x_ready, i, STAGES, CONSUMER, CONSUMERS, WORDS_TMA)
                 a_lo, a_hi = _operands(words, s, z, a_layout, dtype, SYMMETRIC, GROUPS, MAGIC, MAGIC_VALUE, PAIR)
                 acc = _issue_block_mmas(a_lo, a_hi, acc, x_smem, x_ready, i, STAGES)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
@@ -330,7 +352,7 @@ if HAVE_GLUON:
     def _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, num_groups,
                  stride_ym, unit, start, end, total, tiles_m, CONSUMER: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                  SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr, CONSUMERS: gl.constexpr,
-                 SHARED_TILES: gl.constexpr, UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr):
+                 SHARED_TILES: gl.constexpr, UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr, w_smem, WORDS_TMA: gl.constexpr):
         """The program's segment that begins at `unit` (a tile's run of K blocks, up to the tile's or the program's
         end), for rows CONSUMER * 64 .. + 63 of the tile: the accumulator, then y when the segment is the whole tile,
         else its fp32 partial and, for the tile's last arrival, the sum of the tile's partials in program order.
@@ -351,7 +373,7 @@ if HAVE_GLUON:
         word_ptrs = qw_ptr + row_tile.to(gl.int64) * num_kb * 1024 + (rows * 16)[:, None] + cols[None, :]
         acc = _accumulate(word_ptrs, s_ptr, z_ptr, x_smem, x_ready, empty, n, n < N, N, block_start, block_end, unit - start,
                           num_groups, a_layout, mma_layout, BLOCK_M, STAGES, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP,
-                          UNPACK_AHEAD)
+                          UNPACK_AHEAD, w_smem, CONSUMER, CONSUMERS, WORDS_TMA)
 
         offs_n = row_tile * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
         offs_m = (tile % tiles_m) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
@@ -395,7 +417,7 @@ if HAVE_GLUON:
     def _consumer(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, num_groups,
                   stride_ym, CONSUMER: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SYMMETRIC: gl.constexpr,
                   GROUPS: gl.constexpr, BLOCKS_PER_GROUP: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr,
-                  UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr):
+                  UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr, w_smem, WORDS_TMA: gl.constexpr):
         """Rows CONSUMER * 64 .. + 63 of each weight tile in the program's units, one segment at a time."""
         start, end, total, tiles_m = _work_range(M, N, num_kb, BLOCK_M, CONSUMERS)
         if SHARED_TILES:
@@ -403,17 +425,19 @@ if HAVE_GLUON:
             while unit < end:
                 unit = _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, num_groups,
                                 stride_ym, unit, start, end, total, tiles_m, CONSUMER, BLOCK_M, STAGES, SYMMETRIC, GROUPS,
-                                BLOCKS_PER_GROUP, CONSUMERS, SHARED_TILES, UNPACK_AHEAD, SPREAD)
+                                BLOCKS_PER_GROUP, CONSUMERS, SHARED_TILES, UNPACK_AHEAD, SPREAD, w_smem, WORDS_TMA)
         else:  # one whole tile
             _segment(qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, num_groups,
                      stride_ym, start, start, end, total, tiles_m, CONSUMER, BLOCK_M, STAGES, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP,
-                     CONSUMERS, SHARED_TILES, UNPACK_AHEAD, SPREAD)
+                     CONSUMERS, SHARED_TILES, UNPACK_AHEAD, SPREAD, w_smem, WORDS_TMA)
 
     @gluon.jit
     def _x_loader(x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                  CONSUMERS: gl.constexpr):
+                  CONSUMERS: gl.constexpr, w_desc, w_smem, WORDS_TMA: gl.constexpr):
         """One warp: x's tile of each unit of the program into the ring (two 64-column TMA boxes: one 128-byte
-        swizzle row each), once every consumer has released the stage; TMA fills columns past K with zeros."""
+        swizzle row each), once every consumer has released the stage; TMA fills columns past K with zeros. WORDS_TMA:
+        each consumer's [64, 16] word tile of the unit too, on the same barrier (w_desc: qweight as [rows, 16] words,
+        a weight tile's 64 rows of K block b at row (row_tile * num_kb + b) * 64; a row tile past N reads zeros)."""
         start, end, total, tiles_m = _work_range(M, N, num_kb, BLOCK_M, CONSUMERS)
         for unit in range(start, end):
             tile = unit // num_kb
@@ -422,18 +446,29 @@ if HAVE_GLUON:
             stage = i % STAGES
             phase = (i // STAGES) & 1
             mbarrier.wait(empty.index(stage), phase ^ 1)
-            mbarrier.expect(x_ready.index(stage), 2 * x_desc.block_type.nbytes)
             row = (tile % tiles_m) * BLOCK_M
+            if WORDS_TMA:
+                mbarrier.expect(x_ready.index(stage), 2 * x_desc.block_type.nbytes + CONSUMERS * w_desc.block_type.nbytes)
+                for c in gl.static_range(CONSUMERS):
+                    row_tile = (tile // tiles_m) * CONSUMERS + c
+                    _tma_load(w_desc, [(row_tile * num_kb + kb) * 64, 0], x_ready.index(stage), w_smem.index(stage * CONSUMERS + c))
+            else:
+                mbarrier.expect(x_ready.index(stage), 2 * x_desc.block_type.nbytes)
             _tma_load(x_desc, [row, kb * 128], x_ready.index(stage), x_smem.index(2 * stage))
             _tma_load(x_desc, [row, kb * 128 + 64], x_ready.index(stage), x_smem.index(2 * stage + 1))
 
     @gluon.jit
-    def _pingpong_kernel(x_desc, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, group_size, stride_ym,
+    def _pingpong_kernel(x_desc, w_desc, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, group_size, stride_ym,
                          BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SYMMETRIC: gl.constexpr, GROUPS: gl.constexpr,
                          BLOCKS_PER_GROUP: gl.constexpr, CONSUMERS: gl.constexpr, SHARED_TILES: gl.constexpr,
-                         UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr):
-        """y[M, N] = x[M, K] @ W[K, N]: see the module docstring for the contract, the work list and the partitions."""
+                         UNPACK_AHEAD: gl.constexpr, SPREAD: gl.constexpr, WORDS_TMA: gl.constexpr):
+        """y[M, N] = x[M, K] @ W[K, N]: see the module docstring for the contract, the work list and the partitions.
+        w_desc: with WORDS_TMA, qweight's TMA descriptor (`_w_descriptor`), else None."""
         x_smem = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BLOCK_M, 64], x_desc.layout)
+        if WORDS_TMA:  # each stage's word tiles, one [64, 16] per consumer (8 KB a stage with two)
+            w_smem = gl.allocate_shared_memory(gl.int32, [STAGES * CONSUMERS, 64, 16], w_desc.layout)
+        else:
+            w_smem = x_smem  # (never read: stands in for the argument)
         x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
@@ -446,27 +481,37 @@ if HAVE_GLUON:
             gl.warp_specialize([
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, num_groups,
                              stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, CONSUMERS, SHARED_TILES,
-                             UNPACK_AHEAD, SPREAD)),
+                             UNPACK_AHEAD, SPREAD, w_smem, WORDS_TMA)),
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, num_groups,
                              stride_ym, 1, BLOCK_M, STAGES, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, CONSUMERS, SHARED_TILES,
-                             UNPACK_AHEAD, SPREAD)),
-                (_x_loader, (x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M, STAGES, CONSUMERS)),
+                             UNPACK_AHEAD, SPREAD, w_smem, WORDS_TMA)),
+                (_x_loader, (x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M, STAGES, CONSUMERS, w_desc, w_smem,
+                             WORDS_TMA)),
             ], [4, 1], [_CONSUMER_REGS, 24])
         else:  # one consumer per program: two programs per SM (with maxnreg 128) ping-pong instead
             gl.warp_specialize([
                 (_consumer, (qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, lock_ptr, x_smem, x_ready, empty, M, N, num_kb, num_groups,
                              stride_ym, 0, BLOCK_M, STAGES, SYMMETRIC, GROUPS, BLOCKS_PER_GROUP, CONSUMERS, SHARED_TILES,
-                             UNPACK_AHEAD, SPREAD)),
-                (_x_loader, (x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M, STAGES, CONSUMERS)),
+                             UNPACK_AHEAD, SPREAD, w_smem, WORDS_TMA)),
+                (_x_loader, (x_desc, x_smem, x_ready, empty, M, N, num_kb, BLOCK_M, STAGES, CONSUMERS, w_desc, w_smem,
+                             WORDS_TMA)),
             ], [1], [24])
 
     # x's ring stage as TMA writes it: [BLOCK_M, 64] 16-bit boxes, 128-byte swizzle (one per call would be built anew)
     _X_SMEM_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    # a consumer's word tile as WORDS_TMA stages it: [64 rows, 16 words] (64 bytes a row), 64-byte swizzle
+    _W_SMEM_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=32, rank=2)
 
 
 def _x_descriptor(x2: torch.Tensor, block_m: int):
     """x's TMA descriptor (per call: it holds x's address)."""
     return TensorDescriptor.from_tensor(x2, [block_m, 64], _X_SMEM_LAYOUT)
+
+
+def _w_descriptor(qweight: torch.Tensor):
+    """WORDS_TMA's descriptor of qweight [ceil(N/64), ceil(K/128), 64, 16] int32 seen as [rows, 16] words, box [64, 16]
+    (one weight tile's K block; per call: it holds the weight's address)."""
+    return TensorDescriptor.from_tensor(qweight.view(-1, 16), [64, 16], _W_SMEM_LAYOUT)
 
 
 @dataclass(frozen=True)
@@ -487,10 +532,16 @@ class _PingpongLaunch:
     def kernel(self, shared: bool, spread: int) -> PreparedLaunch:
         prepared = self.kernels.get((shared, spread))
         if prepared is None:
+            words_tma = self.constexprs["WORDS_TMA"]
+            constexprs = {**self.constexprs, "SHARED_TILES": shared, "SPREAD": spread, **({} if words_tma else {"w_desc": None})}
             prepared = self.kernels[shared, spread] = PreparedLaunch(
-                _pingpong_kernel, {**self.constexprs, "SHARED_TILES": shared, "SPREAD": spread}, self.options, _TENSOR_ARGS,
-                _INT_ARGS, ("x_desc",))
+                _pingpong_kernel, constexprs, self.options, _TENSOR_ARGS, _INT_ARGS, ("x_desc", "w_desc") if words_tma else ("x_desc",))
         return prepared
+
+    def descriptors(self, x2: torch.Tensor, qweight: torch.Tensor) -> tuple:
+        """The call's TMA descriptors: x's, and with WORDS_TMA the weight's."""
+        x_desc = _x_descriptor(x2, self.block_m)
+        return (x_desc, _w_descriptor(qweight)) if self.constexprs["WORDS_TMA"] else (x_desc,)
 
 
 _TENSOR_ARGS = ("qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr")
@@ -529,7 +580,8 @@ def _pingpong_launch(plan, in_features: int, group_size: int, symmetric: bool) -
         if block_m not in (64, 128, 256):  # the shared-tile reductions sum 64 / 32 tokens at a time
             raise ValueError(f"config BLOCK_M must be 64, 128 or 256 for path 'pingpong', got {block_m!r}")
         constexprs = dict(BLOCK_M=block_m, STAGES=cfg.get("num_stages", 4), CONSUMERS=consumers,
-                          UNPACK_AHEAD=cfg.get("UNPACK_AHEAD", False), **_format_constexprs(group_size, in_features, symmetric))
+                          UNPACK_AHEAD=cfg.get("UNPACK_AHEAD", False), WORDS_TMA=cfg.get("WORDS_TMA", False),
+                          **_format_constexprs(group_size, in_features, symmetric))
         prepared = plan.launches[key] = _PingpongLaunch(block_m, cfg.get("SPLIT_K", 1), programs, consumers, constexprs,
                                                         _compile_options(cfg.get("maxnreg")), {})
     return prepared
@@ -555,7 +607,7 @@ def launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: in
 
 
 def launch_pingpong_kept(x2, qweight, scales, zeros, in_features: int, group_size: int, plan) -> tuple[torch.Tensor, RepeatLaunch | None]:
-    """`launch_pingpong`, and the launch kept as a `launch.RepeatLaunch` that makes x's descriptor per call (None where
+    """`launch_pingpong`, and the launch kept as a `launch.RepeatLaunch` that makes the descriptors per call (None where
     Triton's fast launch path does not apply: see `PreparedLaunch.bind`)."""
     return _launch_pingpong(x2, qweight, scales, zeros, in_features, group_size, plan, None, keep=True)
 
@@ -588,21 +640,20 @@ def _launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: i
     stream = current_stream(x2.device)
     part, lock = split_k_scratch(x2.device, stream, tiles * run.consumers if shared else 0, partials)
     tensors = (qweight, scales, scales if zeros is None else zeros, y, part, lock)
-    ints, descriptors, kernel = (m, n, k, group_size, y.stride(0)), (_x_descriptor(x2, run.block_m),), run.kernel(shared, spread)
+    ints, descriptors, kernel = (m, n, k, group_size, y.stride(0)), run.descriptors(x2, qweight), run.kernel(shared, spread)
     kernel((programs,), tensors, ints, stream, descriptors)
     bound = kernel.bind((programs,), tensors, ints, stream, _REPEAT_SLOTS, descriptors) if keep else None
     if bound is None:
         return y, None
     # (the workspace stays bound even with whole tiles, where the kernel does not read it: the launch then goes stale
     # with it rather than keep a replaced one alive)
-    x_descriptor = functools.partial(_x_descriptor, block_m=run.block_m)
-    return y, RepeatLaunch(bound, (m, n), y.dtype, y.device, workspace_entry(x2.device, stream), part, x_descriptor)
+    return y, RepeatLaunch(bound, (m, n), y.dtype, y.device, workspace_entry(x2.device, stream), part, run.descriptors)
 
 
 def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, stages: int = 4, symmetric: bool = False,
                      zeros_dtype: torch.dtype = torch.uint8, scales_dtype: torch.dtype | None = None, group_size: int = 128,
                      in_features: int = 4096, consumers: int = 2, maxnreg: int | None = None, shared_tiles: bool = True,
-                     unpack_ahead: bool = False, spread: int = 0):
+                     unpack_ahead: bool = False, spread: int = 0, words_tma: bool = False):
     """Compile `_pingpong_kernel` for sm_90 without a GPU (CI runs this: Gluon API changes between Triton releases
     surface here), with the format's constexprs a launch would take (`_format_constexprs`). Returns Triton's compiled
     kernel (asm: ttgir, ptx, cubin)."""
@@ -616,6 +667,12 @@ def compile_for_sm90(dtype: torch.dtype = torch.float16, block_m: int = 128, sta
                  "y_ptr": f"*{types[dtype]}", "part_ptr": "*fp32", "lock_ptr": "*i32",
                  "M": "i32", "N": "i32", "K": "i32", "group_size": "i32", "stride_ym": "i32"}
     constexprs = {"BLOCK_M": block_m, "STAGES": stages, "CONSUMERS": consumers, "SHARED_TILES": shared_tiles,
-                  "UNPACK_AHEAD": unpack_ahead, "SPREAD": spread, **_format_constexprs(group_size, in_features, symmetric)}
+                  "UNPACK_AHEAD": unpack_ahead, "SPREAD": spread, "WORDS_TMA": words_tma,
+                  **_format_constexprs(group_size, in_features, symmetric)}
+    if words_tma:
+        signature["w_desc"], _ = native_specialize_impl(CUDABackend, _w_descriptor(torch.empty(2, 2, 64, 16, dtype=torch.int32)), False,
+                                                        True, True)
+    else:
+        constexprs["w_desc"] = None
     return compile_gluon_for_sm90(_pingpong_kernel, signature, constexprs,
                                   ("qw_ptr", "s_ptr", "z_ptr", "y_ptr", "part_ptr", "lock_ptr", "N", "K"), _compile_options(maxnreg))

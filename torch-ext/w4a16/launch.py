@@ -227,20 +227,20 @@ class RepeatLaunch:
 
     A call takes x2 [M, K] (contiguous, the kept call's dtype) and the weight's tensors, allocates y [M, N] and
     launches; it returns None (launching nothing) when an address is not 16-byte aligned, which the kept
-    compiled kernel assumes. x reaches the kernel as its address, or with `x_descriptor` (a function of x2) as
-    the TMA descriptor it makes per call. The split-K scratch of the kept call stays bound (and alive): calls on
+    compiled kernel assumes. x reaches the kernel as its address, or with `descriptors` (a function of x2 and
+    qweight) as the TMA descriptors it makes per call. The split-K scratch of the kept call stays bound (and alive): calls on
     one stream run in order, as they would sharing the stream's scratch. Once the stream's cached workspace
     (`scratch`: its [counter slot, workspace] entry, `workspace_entry`) has been replaced by a larger one the kept
     launch is `stale` and its owner drops it, so that it does not keep the old workspace alive.
     """
 
-    __slots__ = ("launch", "shape", "dtype", "device", "scratch", "workspace", "x_descriptor")
+    __slots__ = ("launch", "shape", "dtype", "device", "scratch", "workspace", "descriptors")
 
     def __init__(self, launch: BoundLaunch, shape: tuple, dtype: torch.dtype, device: torch.device, scratch: list | None,
-                 workspace: torch.Tensor, x_descriptor=None):
+                 workspace: torch.Tensor, descriptors=None):
         self.launch, self.shape, self.dtype, self.device = launch, shape, dtype, device
         self.scratch, self.workspace = scratch, workspace  # the stream's scratch entry, the bound workspace
-        self.x_descriptor = x_descriptor
+        self.descriptors = descriptors
 
     def stale(self) -> bool:
         return self.scratch is not None and self.scratch[1] is not self.workspace
@@ -251,10 +251,10 @@ class RepeatLaunch:
         addresses = (qweight.data_ptr(), scales.data_ptr(), (scales if zeros is None else zeros).data_ptr(), y.data_ptr())
         if (x_address | addresses[0] | addresses[1] | addresses[2] | addresses[3]) & 15:
             return None
-        if self.x_descriptor is None:
+        if self.descriptors is None:
             self.launch((x_address,) + addresses)
         else:
-            self.launch(addresses + (self.x_descriptor(x2),))
+            self.launch(addresses + self.descriptors(x2, qweight))
         return y
 
 
