@@ -749,7 +749,9 @@ def test_dispatch_plans(w4a16):
     assert dispatch.format_key(torch.float16, 128, False, act_order=True) == ("float16", 128, False, True)
     own = {(64, 256, bf16): {1: {"M": 1, "path": "streamk"}}}
     pick = lambda mb, fmt: dispatch.tuned_row({(64, 256): base_rows}, own, mb, 64, 256, fmt)["path"]  # noqa: E731
-    assert pick(1, bf16) == "streamk" and pick(2, bf16) == "tiled" and pick(64, bf16) == "tiled"
+    assert pick(1, bf16) == "streamk" and pick(2, bf16) == "tiled"
+    # past the shape's largest tuned bucket nothing: a decode-sized plan must not serve prefill
+    assert dispatch.tuned_row({(64, 256): base_rows}, own, 64, 64, 256, bf16) is None
     assert pick(1, dispatch.format_key(torch.float16, 128, False)) == "splitk"
     assert dispatch.tuned_row({}, own, 1, 32, 256, bf16) is None
     assert pick(1, dispatch.format_key(torch.bfloat16, 128, False, act_order=True)) == "streamk"  # bf16's own entry
@@ -858,6 +860,55 @@ def test_split_reduction_is_deterministic(w4a16, device, path, config):
         expected = x.double() @ ref
         assert float((runs[0].double() - expected).norm() / expected.norm()) < TOL[torch.float16], m
         assert all(torch.equal(run, runs[0]) for run in runs[1:]), f"{path} M={m}: results differ between runs"
+
+
+@pytest.mark.kernels_ci
+def test_untuned_shapes_take_the_nearest_tuned_plan(w4a16, monkeypatch):
+    """Another model's layers (Qwen2.5-7B's 4608 x 3584 and 3584 x 18944, a tensor-parallel shard with K = 10944) take
+    the plan of the nearest tuned shape within BORROW_RATIO in N and K, in their own format (per-channel keyed by the
+    near shape's K), and say so in the plan's source, which `strict` refuses; the decode kernel's plan only where K is
+    a multiple of 128 (else its FALLBACK); shapes farther off, and a tuned shape past its largest tuned bucket (the LM
+    head, tuned at M <= 16, at prefill), get the heuristic. Planned for a CPU device named as an H200, with the Gluon
+    kernels reported available so that their entries are taken as they are."""
+    dispatch = w4a16.dispatch
+    _, table, by_format, _ = dispatch.load_tuned_table("NVIDIA H200")
+    assert dispatch.nearest_tuned_shape(table, 4608, 3584, 1) == (4096, 4096)
+    assert dispatch.nearest_tuned_shape(table, 3584, 18944, 1) == (4096, 14336)
+    assert dispatch.nearest_tuned_shape(table, 4096, 10944, 4096) == (4096, 14336)
+    assert dispatch.nearest_tuned_shape(table, 6144, 4096, 64) == (6144, 4096)  # a tuned shape is its own nearest
+    assert dispatch.nearest_tuned_shape(table, 896, 896, 1) is None  # 4.6x off in N and K
+    assert dispatch.nearest_tuned_shape(table, 128256, 4096, 64) is None  # the LM head: 57344 is 2.2x off
+    monkeypatch.setattr(dispatch, "_device_info", lambda device: ("NVIDIA H200", 132))
+    monkeypatch.setattr(dispatch, "decode_available", lambda device: True)
+    monkeypatch.setattr(dispatch, "pingpong_available", lambda device: True)
+    cpu = torch.device("cpu")
+
+    def plan(mb, n, k, g=128, symmetric=False):
+        return dispatch._plan_cached.__wrapped__(mb, n, k, g, torch.float16, cpu, symmetric, False)
+
+    def entry(mb, n, k, g=128, symmetric=False):
+        return dispatch.tuned_row(table, by_format, mb, n, k, dispatch.format_key(torch.float16, g, symmetric))
+
+    for mb, n, k, near in ((1, 4608, 3584, (4096, 4096)), (64, 3584, 18944, (4096, 14336)), (4096, 37888, 3584, (28672, 4096))):
+        got, row = plan(mb, n, k), entry(mb, *near)
+        assert (got.path, got.config) == (row["path"], dispatch.row_config(row)), (mb, n, k)
+        assert got.source == f"nearest:tuned_nvidia_h200.json {near[0]}x{near[1]}" and not got.source.startswith("tuned")
+    # formats: symmetric's own entry of the near shape; per-channel's (group size = K) that of the near shape's K
+    for g, symmetric, g0 in ((128, True, 128), (3584, False, 4096)):
+        got, row = plan(8, 4608, 3584, g, symmetric), entry(8, 4096, 4096, g0, symmetric)
+        assert "dtype" in row and (got.path, got.config) == (row["path"], dispatch.row_config(row))
+    # group 64 with K = 10944 (85.5 blocks of 128): the near shape's decode entry cannot run, its FALLBACK does
+    row = entry(1, 4096, 14336, 64)
+    assert row["path"] == "decode" and not dispatch.takes_shape(row, 4096, 10944) and dispatch.takes_shape(row, 4096, 14336)
+    got = plan(1, 4096, 10944, 64)
+    assert (got.path, got.config) == (row["FALLBACK"]["path"], dispatch.row_config(row["FALLBACK"]))
+    assert got.source == "nearest:tuned_nvidia_h200.json 4096x14336 (FALLBACK of a decode entry)"
+    assert not dispatch.takes_shape({"path": "decode", "ROWS": 16, "TOKENS_FIRST": True}, 65536 * 16, 4096)
+    # too far from every tuned shape, or the LM head past its tuned buckets: the heuristic
+    assert plan(1, 896, 896).source == "heuristic"
+    assert plan(16, 128256, 4096).source == "tuned:tuned_nvidia_h200.json"
+    lm_head = plan(4096, 128256, 4096)
+    assert lm_head.source == "heuristic" and lm_head.path == "dense"
 
 
 def test_stream_k_programs_follow_the_sm_count(w4a16, monkeypatch):

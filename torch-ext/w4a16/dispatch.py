@@ -2,10 +2,12 @@
 
 Configuration is data: `tuned_<gpu>.json` files shipped in this package, measured on that GPU by
 `benchmarks/tune.py`. A file applies to the GPUs whose device name contains one of its
-`applies_to` strings (the H100 and the H200 share the chip). Shapes or GPUs without tuned entries
-get a heuristic that fills the machine by split-K; `strict=True` turns that fallback (or any path
-other than the tuned one) into an error instead of a silent slowdown. Nothing is tuned at run time,
-and plans are memoised per (M bucket, N, K, ...), so a call costs a dictionary look-up.
+`applies_to` strings (the H100 and the H200 share the chip). A shape the table does not hold (another
+model's layers) takes the plan of the nearest tuned shape within BORROW_RATIO in both N and K (`nearest_tuned_shape`:
+a plan is a launch configuration, valid for any shape its kernel takes, and a near shape fills the GPU alike);
+shapes farther off and GPUs without a table get a heuristic that fills the machine by split-K. `strict=True` turns
+both fallbacks (anything but the shape's own tuned entry) into an error instead of a silent slowdown. Nothing is
+tuned at run time, and plans are memoised per (M bucket, N, K, ...), so a call costs a dictionary look-up.
 
 Paths:
     gemv       CUDA-core split-K kernel, tiny M
@@ -39,6 +41,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,7 +52,7 @@ from .gemm_decode import available as decode_available
 from .gemm_pingpong import available as pingpong_available
 
 __all__ = ["PATHS", "TENSOR_CORE_PATHS", "GLUON_PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "index_tuned_entries",
-           "format_key", "tuned_row", "CONFIG_KEYS", "PATH_CONFIG_KEYS", "CONFIG_OPTIONS", "row_config", "programmatic_launch",
+           "format_key", "tuned_row", "nearest_tuned_shape", "takes_shape", "BORROW_RATIO", "CONFIG_KEYS", "PATH_CONFIG_KEYS", "CONFIG_OPTIONS", "row_config", "programmatic_launch",
            "PDL_PATHS"]
 
 logger = logging.getLogger(__name__)
@@ -137,16 +140,42 @@ def programs_for_device(programs: int, table_sm_count: int | None, sm_count: int
 def tuned_row(table: dict, by_format: dict, mb: int, n: int, k: int, fmt: tuple) -> dict | None:
     """The tuned entry for M bucket mb of an N x K weight in format fmt (see `load_tuned_table`):
     the format's own entry for exactly this bucket (for act-order, else that of the same format
-    without it), else the base entry of the first bucket >= mb (the last one beyond the table), else
-    None (shape not tuned)."""
+    without it), else the base entry of the first bucket >= mb, else None (shape not tuned, or tuned
+    only for smaller M: a decode-sized plan must not serve prefill)."""
     row = by_format.get((n, k, fmt), {}).get(mb)
     if row is None and fmt[3]:
         row = by_format.get((n, k, (*fmt[:3], False)), {}).get(mb)
     if row is None:
-        rows = table.get((n, k))
-        if rows:
-            row = next((r for r in rows if r["M"] >= mb), rows[-1])
+        row = next((r for r in table.get((n, k), ()) if r["M"] >= mb), None)
     return row
+
+
+BORROW_RATIO = 2.0  # how far (a factor in N and in K) an untuned shape may be from the tuned shape whose plan it takes
+
+
+def nearest_tuned_shape(table: dict, n: int, k: int, mb: int) -> tuple[int, int] | None:
+    """The tuned shape (N0, K0) whose plan an untuned N x K weight takes at M bucket mb: among the table's base
+    shapes tuned at a bucket >= mb and within BORROW_RATIO of N and of K, the nearest by |log N / N0| + |log K / K0|
+    (ties: the smaller shape); None if there is none."""
+    limit = math.log(BORROW_RATIO) + 1e-9
+    best = None
+    for (n0, k0), rows in table.items():
+        dn, dk = abs(math.log(n / n0)), abs(math.log(k / k0))
+        if dn <= limit and dk <= limit and rows and rows[-1]["M"] >= mb:
+            key = (dn + dk, n0, k0)
+            best = key if best is None or key < best else best
+    return None if best is None else best[1:]
+
+
+def takes_shape(row: dict, n: int, k: int) -> bool:
+    """Whether a tuned entry's plan, taken by another shape (`nearest_tuned_shape`), can run on N x K: the decode
+    kernel needs K a multiple of 128 and, with TOKENS_FIRST, at most 65535 weight tiles (the grid's second axis);
+    every other path takes any shape."""
+    if row["path"] != "decode":
+        return True
+    if k % 128:
+        return False
+    return not row.get("TOKENS_FIRST") or -(-n // row.get("ROWS", 16)) <= 65535
 
 
 @functools.lru_cache(maxsize=None)
@@ -291,16 +320,24 @@ def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, d
     plan = None
     if tuned is not None:
         file, table, by_format, table_sm_count = tuned
-        row = tuned_row(table, by_format, mb, n, k, format_key(dtype, group_size, symmetric, act_order))
+        fmt = format_key(dtype, group_size, symmetric, act_order)
+        row, source = tuned_row(table, by_format, mb, n, k, fmt), f"tuned:{file}"
+        if row is None and (near := nearest_tuned_shape(table, n, k, mb)) is not None:
+            n0, k0 = near
+            # (per-channel formats are keyed by their group size, K: the near shape's own K)
+            row = tuned_row(table, by_format, mb, n0, k0, (fmt[0], k0, *fmt[2:]) if group_size == k else fmt)
+            source = f"nearest:{file} {n0}x{k0}"
         gluon_ok = {"decode": decode_available(device), "pingpong": pingpong_available(device)}
         runnable = None if row is None else runnable_row(row, gluon_ok)
+        if runnable is not None and not takes_shape(runnable, n, k):
+            runnable = row.get("FALLBACK") if runnable is row else None
         if runnable is not None:
             cfg = row_config(runnable)
             if "PROGRAMS" in cfg:
                 cfg["PROGRAMS"] = programs_for_device(cfg["PROGRAMS"], table_sm_count, sm_count)
-            source = f"tuned:{file}" + ("" if runnable is row else f" (FALLBACK of a {row['path']} entry)")
+            source += "" if runnable is row else f" (FALLBACK of a {row['path']} entry)"
             plan = Plan(runnable["path"], cfg, source)
-    if plan is None:  # no table for this GPU, no entry for this shape, or none that can run here
+    if plan is None:  # no table for this GPU, no entry for this shape or a near one, or none that can run here
         plan = _heuristic(mb, n, k, sm_count)
     plan = _applicable(plan, act_order, device, group_size, k, pdl)
     logger.debug("w4a16 plan M<=%d N=%d K=%d G=%d %s sym=%s act-order=%s on %s: %s", mb, n, k, group_size, dtype, symmetric,
@@ -326,8 +363,9 @@ def plan_gemm(
     may then override its launch configuration: tests and benchmarks). `pdl`: the call's programmatic launch
     (module docstring), plan option PDL where it applies.
 
-    With `strict=True`, a plan that does not come from a tuned table for this GPU and shape raises
-    RuntimeError (so a deployment notices a silent fallback to a generic configuration). `device` may be given as a
+    With `strict=True`, a plan that does not come from a tuned table's entry for this GPU and shape (the
+    nearest tuned shape's plan, the heuristic) raises RuntimeError (so a deployment notices a silent fallback to a
+    configuration not measured on its shapes). `device` may be given as a
     string ("cuda:0").
     """
     if isinstance(device, str):
@@ -346,6 +384,6 @@ def plan_gemm(
     if strict and not plan.source.startswith("tuned"):
         raise RuntimeError(
             f"w4a16: no tuned configuration for M={m} N={n} K={k} on {_device_info(device)[0]} (strict); "
-            f"the generic plan would be {plan}. Tune with benchmarks/tune.py or pass strict=False."
+            f"the plan would be {plan}. Tune with benchmarks/tune.py or pass strict=False."
         )
     return plan
