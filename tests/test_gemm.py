@@ -911,6 +911,72 @@ def test_untuned_shapes_take_the_nearest_tuned_plan(w4a16, monkeypatch):
     assert lm_head.source == "heuristic" and lm_head.path == "dense"
 
 
+@pytest.mark.kernels_ci
+def test_borrowed_plans_that_would_spill_a_wave(w4a16, monkeypatch):
+    """A borrowed plan whose grid fit one wave on its tuned shape but spills into a second, mostly empty one on the
+    wider untuned shape (`dispatch.keeps_wave_fill`; 4608 x 3584 taking 4096 x 4096's plans, 5120 x 13824 taking
+    4096 x 14336's): from M bucket 16 a pingpong plan runs the same configuration on a persistent Stream-K grid of one
+    wave's programs, a decode plan is refused for the heuristic; below bucket 16, narrower shapes, and shapes whose
+    grid needs no extra wave keep the plan as tuned. Planned for a CPU device named as an H200, Gluon reported
+    available."""
+    dispatch = w4a16.dispatch
+    _, table, by_format, _ = dispatch.load_tuned_table("NVIDIA H200")
+    monkeypatch.setattr(dispatch, "_device_info", lambda device: ("NVIDIA H200", 132))
+    monkeypatch.setattr(dispatch, "decode_available", lambda device: True)
+    monkeypatch.setattr(dispatch, "pingpong_available", lambda device: True)
+    cpu = torch.device("cpu")
+
+    def plan(mb, n, k):
+        return dispatch._plan_cached.__wrapped__(mb, n, k, 128, torch.float16, cpu, False, False)
+
+    def entry(mb, n, k):
+        return dispatch.tuned_row(table, by_format, mb, n, k, dispatch.format_key(torch.float16, 128, False))
+
+    # the fill arithmetic: a one-consumer pingpong plan (two programs per SM) at SPLIT_K 4 and BLOCK_M 64
+    pp = {"path": "pingpong", "BLOCK_M": 64, "CONSUMERS": 1, "maxnreg": 128, "SPLIT_K": 4}
+    assert dispatch.wave_fill(pp, 64, 4096, 132) == (1, 256 / 264)  # 64 tiles x 4 splits on 264 slots
+    assert dispatch.wave_fill(pp, 64, 4608, 132) == (2, 288 / 528)
+    assert not dispatch.keeps_wave_fill(pp, 64, 4608, 4096, 132) and dispatch.keeps_wave_fill(pp, 64, 3584, 4096, 132)
+    assert dispatch.keeps_wave_fill(pp, 8, 4608, 4096, 132)  # below WAVE_GUARD_FROM_M
+    assert dispatch.wave_fill({**pp, "PROGRAMS": 264}, 64, 4608, 132) is None  # a persistent grid has no last wave
+    assert dispatch.wave_fill({"path": "splitk", "BLOCK_N": 128, "SPLIT_K": 4}, 64, 4608, 132) is None  # occupancy unknown
+    for mb, n, k, near in ((256, 4608, 3584, (4096, 4096)), (64, 5120, 13824, (4096, 14336))):
+        row, got = entry(mb, *near), plan(mb, n, k)
+        assert row["path"] == "pingpong" and row.get("SPLIT_K", 1) > 1 and not row.get("PROGRAMS")
+        expected = {key: v for key, v in dispatch.row_config(row).items() if key != "SPLIT_K"}
+        expected["PROGRAMS"] = (2 if row.get("CONSUMERS", 2) == 1 else 1) * 132
+        assert got.path == "pingpong" and got.config == expected, (mb, n, k)
+        assert got.source.endswith("Stream-K: its split-K grid would spill a wave")
+    # the decode plan of 4096 x 4096 at M = 16 (256 programs on 264 slots) would run 288 on 4608: the heuristic
+    row = entry(16, 4096, 4096)
+    assert row["path"] == "decode"
+    got = plan(16, 4608, 3584)
+    assert got.source.startswith("heuristic (nearest:") and got.path != "decode"
+    # kept as tuned: M = 1 (the decode kernel's lead is larger there), a narrower shape, the tuned shape itself
+    for mb, n, k, near in ((1, 4608, 3584, (4096, 4096)), (256, 3584, 3584, (4096, 4096)), (256, 4096, 4096, (4096, 4096))):
+        row, got = entry(mb, *near), plan(mb, n, k)
+        assert (got.path, got.config) == (row["path"], dispatch.row_config(row)), (mb, n, k)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the pingpong kernel runs on an sm_90 GPU")
+def test_stream_k_form_of_a_borrowed_pingpong_plan(w4a16):
+    """The Stream-K form the dispatcher gives a borrowed pingpong plan that would spill a wave (see
+    test_borrowed_plans_that_would_spill_a_wave), run through the op on 4608 x 3584 at the M it serves, against
+    the float64 reference."""
+    device = torch.device("cuda")
+    if not w4a16.gemm_pingpong.available(device):
+        pytest.skip("the pingpong kernel needs Gluon and an sm_90 GPU")
+    weight, ref = random_layer(w4a16, 3584, 4608, 128, False, torch.float16, "cuda", seed=31)
+    for m in (33, 64, 200, 256, 1000):
+        plan = w4a16.dispatch.plan_gemm(m, 4608, 3584, 128, torch.float16, device)
+        if w4a16.dispatch.load_tuned_table(torch.cuda.get_device_name()) is not None and m > 32:
+            assert plan.path == "pingpong" and "Stream-K" in plan.source, (m, plan)
+        x = torch.randn(m, 3584, device="cuda", dtype=torch.float16)
+        expected = x.double() @ ref
+        y = w4a16.w4a16_linear(x, weight).double()
+        assert float((y - expected).norm() / expected.norm()) < TOL[torch.float16], (m, plan)
+
+
 def test_stream_k_programs_follow_the_sm_count(w4a16, monkeypatch):
     """A tuned Stream-K entry keeps its programs per SM on a GPU of the same family with fewer SMs (the H200
     table applies to the H100 PCIe, 114 SMs): 396 programs on 132 SMs become 342 on 114, so the persistent
