@@ -934,12 +934,19 @@ def test_borrowed_plans_that_would_spill_a_wave(w4a16, monkeypatch):
 
     # the fill arithmetic: a one-consumer pingpong plan (two programs per SM) at SPLIT_K 4 and BLOCK_M 64
     pp = {"path": "pingpong", "BLOCK_M": 64, "CONSUMERS": 1, "maxnreg": 128, "SPLIT_K": 4}
-    assert dispatch.wave_fill(pp, 64, 4096, 132) == (1, 256 / 264)  # 64 tiles x 4 splits on 264 slots
-    assert dispatch.wave_fill(pp, 64, 4608, 132) == (2, 288 / 528)
-    assert not dispatch.keeps_wave_fill(pp, 64, 4608, 4096, 132) and dispatch.keeps_wave_fill(pp, 64, 3584, 4096, 132)
-    assert dispatch.keeps_wave_fill(pp, 8, 4608, 4096, 132)  # below WAVE_GUARD_FROM_M
-    assert dispatch.wave_fill({**pp, "PROGRAMS": 264}, 64, 4608, 132) is None  # a persistent grid has no last wave
-    assert dispatch.wave_fill({"path": "splitk", "BLOCK_N": 128, "SPLIT_K": 4}, 64, 4608, 132) is None  # occupancy unknown
+    assert dispatch.wave_fill(pp, 64, 4096, 4096, 132) == (1, 256 / 264)  # 64 tiles x 4 splits on 264 slots
+    assert dispatch.wave_fill(pp, 64, 4608, 3584, 132) == (2, 288 / 528)
+    assert dispatch.wave_fill(pp, 64, 4096, 3 * 128, 132) == (1, 192 / 264)  # at most one split per 128-row K block
+    assert not dispatch.keeps_wave_fill(pp, 64, (4608, 3584), (4096, 4096), 132)
+    assert dispatch.keeps_wave_fill(pp, 64, (3584, 3584), (4096, 4096), 132)
+    assert dispatch.keeps_wave_fill(pp, 8, (4608, 3584), (4096, 4096), 132)  # below WAVE_GUARD_FROM_M
+    assert dispatch.wave_fill({**pp, "PROGRAMS": 264}, 64, 4608, 3584, 132) is None  # a persistent grid: no last wave
+    assert dispatch.wave_fill({"path": "splitk", "BLOCK_N": 128, "SPLIT_K": 4}, 64, 4608, 3584, 132) is None  # unknown
+    dec = {"path": "decode", "ROWS": 16, "num_warps": 4, "maxnreg": 256}  # 64K registers: 2 programs per SM
+    assert dispatch.wave_fill(dec, 16, 4096, 4096, 132) == (1, 256 / 264)
+    assert dispatch.wave_fill({**dec, "maxnreg": None}, 16, 4096, 4096, 132) is None
+    assert dispatch.stream_k_form(pp, 132) == {"path": "pingpong", "BLOCK_M": 64, "CONSUMERS": 1, "maxnreg": 128,
+                                               "PROGRAMS": 264}
     for mb, n, k, near in ((256, 4608, 3584, (4096, 4096)), (64, 5120, 13824, (4096, 14336))):
         row, got = entry(mb, *near), plan(mb, n, k)
         assert row["path"] == "pingpong" and row.get("SPLIT_K", 1) > 1 and not row.get("PROGRAMS")

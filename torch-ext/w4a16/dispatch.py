@@ -47,12 +47,13 @@ from pathlib import Path
 
 import torch
 
-from .gemm_decode import adjacent_rows_apply, decode_block_m
+from . import gemm_decode, gemm_pingpong
+from .gemm_decode import adjacent_rows_apply
 from .gemm_decode import available as decode_available
 from .gemm_pingpong import available as pingpong_available
 
 __all__ = ["PATHS", "TENSOR_CORE_PATHS", "GLUON_PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "index_tuned_entries",
-           "format_key", "tuned_row", "nearest_tuned_shape", "takes_shape", "wave_fill", "keeps_wave_fill", "BORROW_RATIO", "CONFIG_KEYS", "PATH_CONFIG_KEYS", "CONFIG_OPTIONS", "row_config", "programmatic_launch",
+           "format_key", "tuned_row", "nearest_tuned_shape", "takes_shape", "wave_fill", "keeps_wave_fill", "stream_k_form", "BORROW_RATIO", "CONFIG_KEYS", "PATH_CONFIG_KEYS", "CONFIG_OPTIONS", "row_config", "programmatic_launch",
            "PDL_PATHS"]
 
 logger = logging.getLogger(__name__)
@@ -178,32 +179,16 @@ def takes_shape(row: dict, n: int, k: int) -> bool:
     return not row.get("TOKENS_FIRST") or -(-n // row.get("ROWS", 16)) <= 65535
 
 
-def _resident_programs(row: dict) -> int | None:
-    """Programs of a plan resident on one SM at once, where the plan fixes it (None where it depends on the
-    compiler's register count): a two-consumer pingpong program holds an SM, one-consumer programs under maxnreg take
-    turns two per SM, and a decode program under maxnreg holds num_warps * 32 * maxnreg of the 64K registers."""
-    if row["path"] == "pingpong":
-        return 2 if row.get("CONSUMERS", 2) == 1 and row.get("maxnreg") else 1
-    if row["path"] == "decode" and row.get("maxnreg"):
-        return max(1, 65536 // (row.get("num_warps", 4) * 32 * row["maxnreg"]))
-    return None
-
-
-def _grid_programs(row: dict, mb: int, n: int) -> int | None:
-    """Programs of a plan's grid for M bucket mb and N output features, for the grids that grow with the shape
-    (decode; pingpong with SPLIT_K); None for a persistent grid (PROGRAMS: as many programs whatever the shape)."""
+def wave_fill(row: dict, mb: int, n: int, k: int, sm_count: int) -> tuple[int, float] | None:
+    """(waves, fill) of a plan's grid for M bucket mb on an N x K weight: the waves of resident-program slots it takes
+    and the share of those slots its programs fill (1.0: the last wave is full); None where the plan fixes neither
+    (the kernels' `resident_programs`, `grid_programs`: decode under maxnreg, pingpong without PROGRAMS)."""
     if row["path"] == "decode":
-        return -(-n // row.get("ROWS", 16)) * -(-mb // decode_block_m(mb, row))
-    if row["path"] == "pingpong" and not row.get("PROGRAMS"):
-        return -(-n // (64 * row.get("CONSUMERS", 2))) * -(-mb // row.get("BLOCK_M", 128)) * row.get("SPLIT_K", 1)
-    return None
-
-
-def wave_fill(row: dict, mb: int, n: int, sm_count: int) -> tuple[int, float] | None:
-    """(waves, fill) of a plan's grid for M bucket mb on N output features: the waves of resident-program slots it
-    takes and the share of those slots its programs fill (1.0: the last wave is full); None where the slots or the
-    grid size are not fixed by the plan (`_resident_programs`, `_grid_programs`)."""
-    per_sm, programs = _resident_programs(row), _grid_programs(row, mb, n)
+        per_sm, programs = gemm_decode.resident_programs(row), gemm_decode.grid_programs(row, mb, n)
+    elif row["path"] == "pingpong":
+        per_sm, programs = gemm_pingpong.resident_programs(row), gemm_pingpong.grid_programs(row, mb, n, k)
+    else:
+        return None
     if per_sm is None or programs is None:
         return None
     slots = per_sm * sm_count
@@ -215,19 +200,26 @@ WAVE_FILL_KEPT = 0.75  # a borrowed plan that spills into another wave may lose 
 WAVE_GUARD_FROM_M = 16  # ... from this M bucket: below it the decode kernel's lead over split-K is larger (NOTES v51)
 
 
-def keeps_wave_fill(row: dict, mb: int, n: int, n0: int, sm_count: int) -> bool:
-    """Whether a plan tuned on N0 output features, taken at M bucket mb by a shape of N (`nearest_tuned_shape`), keeps
-    its waves full (`wave_fill`): False where its grid needs more waves on N than on N0 and fills them less than
-    WAVE_FILL_KEPT as well, i.e. a grid that fit one wave on the tuned shape and spills a few programs into a second on
-    a slightly wider one. Measured (NOTES v51, H100): 4608 x 3584 taking 4096 x 4096's plans ran 10% slower than the
-    split-K heuristic at M = 16 (decode, 288 programs on 264 slots), 21% at M = 256 (pingpong, 144 on 132), tied at
-    M = 64, and 27% faster at M = 1 (hence WAVE_GUARD_FROM_M). True where the fill is not known."""
+def keeps_wave_fill(row: dict, mb: int, shape: tuple[int, int], tuned_shape: tuple[int, int], sm_count: int) -> bool:
+    """Whether a plan tuned on tuned_shape (N0, K0), taken at M bucket mb by an N x K weight (`nearest_tuned_shape`),
+    keeps its waves full (`wave_fill`): False where its grid needs more waves on N x K than on N0 x K0 and fills them
+    less than WAVE_FILL_KEPT as well, i.e. a grid that fit one wave on the tuned shape and spills a few programs into a
+    second on a slightly wider one. Measured (NOTES v51, H100): 4608 x 3584 taking 4096 x 4096's plans ran 10% slower
+    than the split-K heuristic at M = 16 (decode, 288 programs on 264 slots), 21% at M = 256 (pingpong, 144 on 132),
+    tied at M = 64, and 27% faster at M = 1 (hence WAVE_GUARD_FROM_M). True where the fill is not known."""
     if mb < WAVE_GUARD_FROM_M:
         return True
-    got, tuned = wave_fill(row, mb, n, sm_count), wave_fill(row, mb, n0, sm_count)
+    got, tuned = wave_fill(row, mb, *shape, sm_count), wave_fill(row, mb, *tuned_shape, sm_count)
     if got is None or tuned is None:
         return True
     return got[0] <= tuned[0] or got[1] >= WAVE_FILL_KEPT * tuned[1]
+
+
+def stream_k_form(row: dict, sm_count: int) -> dict:
+    """A pingpong entry's plan on a persistent Stream-K grid of one wave (PROGRAMS = resident programs x sm_count, no
+    SPLIT_K): the same tiles and pipeline, the work shared evenly over the programs, so no last wave goes part-empty."""
+    return {**{key: v for key, v in row.items() if key != "SPLIT_K"},
+            "PROGRAMS": gemm_pingpong.resident_programs(row) * sm_count}
 
 
 @functools.lru_cache(maxsize=None)
@@ -383,22 +375,23 @@ def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, d
         runnable = None if row is None else runnable_row(row, gluon_ok)
         if runnable is not None and not takes_shape(runnable, n, k):
             runnable = row.get("FALLBACK") if runnable is row else None
-        spills = runnable is not None and near is not None and not keeps_wave_fill(runnable, mb, n, near[0], sm_count)
-        if spills and runnable["path"] != "pingpong":
-            runnable, refused = None, f" ({source}: its {runnable['path']} plan would spill a wave)"
+        if runnable is not None and runnable is not row:
+            source += f" (FALLBACK of a {row['path']} entry)"
+        if runnable is not None and near is not None and not keeps_wave_fill(runnable, mb, (n, k), near, sm_count):
+            if runnable["path"] == "pingpong":  # in the table's SM count, as a tuned Stream-K entry (programs_for_device)
+                runnable = stream_k_form(runnable, table_sm_count or sm_count)
+                source += ", Stream-K: its split-K grid would spill a wave"
+            else:
+                runnable, refused = None, f" ({source}: its {runnable['path']} plan would spill a wave)"
         if runnable is not None:
             cfg = row_config(runnable)
-            if spills:  # the same pingpong plan on a persistent grid (Stream-K: the work shared evenly, no last wave)
-                cfg.pop("SPLIT_K", None)
-                cfg["PROGRAMS"] = _resident_programs(runnable) * sm_count
-                source += ", Stream-K: its split-K grid would spill a wave"
-            elif "PROGRAMS" in cfg:
+            if "PROGRAMS" in cfg:
                 cfg["PROGRAMS"] = programs_for_device(cfg["PROGRAMS"], table_sm_count, sm_count)
-            source += "" if runnable is row else f" (FALLBACK of a {row['path']} entry)"
             plan = Plan(runnable["path"], cfg, source)
     if plan is None:  # no table for this GPU, no entry for this shape or a near one, or none that can run here
         plan = _heuristic(mb, n, k, sm_count)
-        plan = Plan(plan.path, plan.config, plan.source + refused)
+        if refused:
+            plan = Plan(plan.path, plan.config, plan.source + refused)
     plan = _applicable(plan, act_order, device, group_size, k, pdl)
     logger.debug("w4a16 plan M<=%d N=%d K=%d G=%d %s sym=%s act-order=%s on %s: %s", mb, n, k, group_size, dtype, symmetric,
                  act_order, name, plan)

@@ -67,7 +67,8 @@ try:  # Gluon is experimental: absent before Triton 3.5, and its names move betw
 except ImportError:  # pragma: no cover - exercised only with an old Triton
     HAVE_GLUON = False
 
-__all__ = ["HAVE_GLUON", "available", "adjacent_rows_apply", "decode_block_m", "launch_decode", "launch_decode_kept",
+__all__ = ["HAVE_GLUON", "available", "adjacent_rows_apply", "decode_block_m", "grid_programs", "resident_programs",
+           "launch_decode", "launch_decode_kept",
            "compile_for_sm90", "DECODE_ROWS", "DECODE_BLOCK_M"]
 
 DECODE_ROWS = (16, 32)  # weight rows per program the kernel takes (ROWS)
@@ -543,6 +544,23 @@ def decode_block_m(m: int, config: dict) -> int:
     return config.get("BLOCK_M") or (8 if m <= 8 else 16)
 
 
+def grid_programs(config: dict, m: int, out_features: int) -> int:
+    """Programs of a decode plan's grid for M tokens and N = out_features (`_DecodeLaunch.grid`: weight tiles x token
+    blocks)."""
+    return _weight_tiles(out_features, config.get("ROWS", 16)) * -(-m // decode_block_m(m, config))
+
+
+def resident_programs(config: dict) -> int | None:
+    """Programs of a decode plan resident on one SM at once: under maxnreg each holds num_warps * 32 threads of maxnreg
+    registers of the SM's 64K; None without maxnreg (the compiler's register count decides)."""
+    maxnreg = config.get("maxnreg")
+    return max(1, 65536 // (config.get("num_warps", 4) * 32 * maxnreg)) if maxnreg else None
+
+
+def _weight_tiles(out_features: int, rows: int) -> int:
+    return -(-out_features // rows)
+
+
 def _decode_launch(plan, m: int, in_features: int, out_features: int, group_size: int, symmetric: bool) -> _DecodeLaunch:
     """The plan's launch for this token count's BLOCK_M (`decode_block_m`) and this format, made on first use (its
     configuration checked then: a ValueError naming the entry, on any device) and kept in `plan.launches`."""
@@ -553,7 +571,7 @@ def _decode_launch(plan, m: int, in_features: int, out_features: int, group_size
         constexprs, options = _launch_config(plan.config, block_m, in_features, out_features, group_size, symmetric)
         if not HAVE_GLUON:
             raise RuntimeError(_UNAVAILABLE)
-        run = plan.launches[key] = _DecodeLaunch(-(-out_features // constexprs["ROWS"]), block_m, constexprs["TOKENS_FIRST"],
+        run = plan.launches[key] = _DecodeLaunch(_weight_tiles(out_features, constexprs["ROWS"]), block_m, constexprs["TOKENS_FIRST"],
                                                  PreparedLaunch(_decode_kernel, constexprs, options, _TENSOR_ARGS, _INT_ARGS))
     return run
 

@@ -68,7 +68,8 @@ try:  # Gluon is experimental: absent before Triton 3.5, and its names move betw
 except ImportError:  # pragma: no cover - exercised only with an old Triton
     HAVE_GLUON = False
 
-__all__ = ["HAVE_GLUON", "available", "launch_pingpong", "launch_pingpong_kept", "spread_split", "compile_for_sm90"]
+__all__ = ["HAVE_GLUON", "available", "launch_pingpong", "launch_pingpong_kept", "spread_split", "grid_programs",
+           "resident_programs", "compile_for_sm90"]
 
 _CONSUMER_REGS = triton.language.constexpr(232)  # registers per consumer thread (setmaxnreg); the loader warp keeps 24
 
@@ -554,6 +555,33 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def _work_tiles(m: int, n: int, block_m: int, consumers: int) -> int:
+    """Output tiles of the work list: BLOCK_M tokens x 64 * CONSUMERS weight rows each."""
+    return -(-m // block_m) * -(-n // (64 * consumers))
+
+
+def _grid_size(tiles: int, k_blocks: int, split_k: int, programs: int) -> int:
+    """The 1-D grid of a launch: PROGRAMS (persistent), at most one per unit, else tiles x SPLIT_K, at most one split
+    per K block (every program gets >= 1 unit: a tile's contributors are then consecutive programs, which the
+    reduction counts on)."""
+    return min(programs, tiles * k_blocks) if programs else tiles * max(1, min(split_k, k_blocks))
+
+
+def grid_programs(config: dict, m: int, n: int, k: int) -> int | None:
+    """Programs of a pingpong plan's grid for an M x N x K GEMM; None for a persistent grid (PROGRAMS: that many
+    whatever the shape)."""
+    if config.get("PROGRAMS"):
+        return None
+    tiles = _work_tiles(m, n, config.get("BLOCK_M", 128), config.get("CONSUMERS", 2))
+    return _grid_size(tiles, -(-k // K_BLOCK), config.get("SPLIT_K", 1), 0)
+
+
+def resident_programs(config: dict) -> int:
+    """Programs of a pingpong plan resident on one SM at once: a two-consumer program holds the SM, one-consumer
+    programs under maxnreg take turns two per SM (the kernel's docstring)."""
+    return 2 if config.get("CONSUMERS", 2) == 1 and config.get("maxnreg") else 1
+
+
 def spread_split(programs: int, tiles: int, k_blocks: int, persistent: bool, sm_count: int) -> int:
     """SPREAD for a launch of `programs` programs on `tiles` shared tiles of `k_blocks` K blocks: the split count S
     where each tile's reduction can be spread over its S contributors, else 0 (the last arrival's reduction). It needs
@@ -625,9 +653,8 @@ def _launch_pingpong(x2, qweight, scales, zeros, in_features: int, group_size: i
         x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
     y = torch.empty((m, n), device=x2.device, dtype=x2.dtype) if out is None else out
     k_blocks = -(-k // K_BLOCK)
-    tiles = -(-m // run.block_m) * -(-n // (64 * run.consumers))
-    # every program gets >= 1 unit (a tile's contributors are then consecutive programs: the reduction counts on it)
-    programs = min(run.programs, tiles * k_blocks) if run.programs else tiles * max(1, min(run.split_k, k_blocks))
+    tiles = _work_tiles(m, n, run.block_m, run.consumers)
+    programs = _grid_size(tiles, k_blocks, run.split_k, run.programs)
     if tiles * k_blocks >= 2**31:
         raise ValueError(f"pingpong work list too long for int32 unit indices: M={m}, N={n}, K={k}")
     # (with programs == tiles every program stores its own whole tile: no partials, no counters, but the kernel still
