@@ -171,12 +171,8 @@ def nearest_tuned_shape(table: dict, n: int, k: int, mb: int) -> tuple[int, int]
 def takes_shape(row: dict, n: int, k: int) -> bool:
     """Whether a tuned entry's plan, taken by another shape (`nearest_tuned_shape`), can run on N x K: the decode
     kernel needs K a multiple of 128 and, with TOKENS_FIRST, at most 65535 weight tiles (the grid's second axis);
-    every other path takes any shape."""
-    if row["path"] != "decode":
-        return True
-    if k % 128:
-        return False
-    return not row.get("TOKENS_FIRST") or -(-n // row.get("ROWS", 16)) <= 65535
+    every other path takes any shape (`gemm_decode.takes_shape`)."""
+    return row["path"] != "decode" or gemm_decode.takes_shape(row, n, k)
 
 
 def wave_fill(row: dict, mb: int, n: int, k: int, sm_count: int) -> tuple[int, float] | None:

@@ -67,11 +67,12 @@ try:  # Gluon is experimental: absent before Triton 3.5, and its names move betw
 except ImportError:  # pragma: no cover - exercised only with an old Triton
     HAVE_GLUON = False
 
-__all__ = ["HAVE_GLUON", "available", "adjacent_rows_apply", "decode_block_m", "grid_programs", "resident_programs",
+__all__ = ["HAVE_GLUON", "available", "adjacent_rows_apply", "decode_block_m", "grid_programs", "resident_programs", "takes_shape",
            "launch_decode", "launch_decode_kept",
            "compile_for_sm90", "DECODE_ROWS", "DECODE_BLOCK_M"]
 
 DECODE_ROWS = (16, 32)  # weight rows per program the kernel takes (ROWS)
+_GRID_AXIS_LIMIT = 65535  # CUDA's limit on a grid's second axis (TOKENS_FIRST puts the weight tiles there)
 DECODE_BLOCK_M = (8, 16)  # tokens per program (BLOCK_M)
 
 
@@ -516,8 +517,8 @@ def _launch_config(cfg: dict, block_m: int, in_features: int, out_features: int,
     if rows not in DECODE_ROWS:
         raise ValueError(f"config ROWS must be one of {DECODE_ROWS} for path 'decode', got {rows!r}")
     tokens_first = bool(cfg.get("TOKENS_FIRST", False))
-    if tokens_first and -(-out_features // rows) > 65535:  # the weight tiles then on the grid's second axis (CUDA's limit)
-        raise ValueError(f"w4a16: the decode plan option TOKENS_FIRST takes N <= {65535 * rows} at ROWS {rows}, "
+    if tokens_first and _weight_tiles(out_features, rows) > _GRID_AXIS_LIMIT:  # the weight tiles on the second axis
+        raise ValueError(f"w4a16: the decode plan option TOKENS_FIRST takes N <= {_GRID_AXIS_LIMIT * rows} at ROWS {rows}, "
                          f"got N={out_features}")
     if warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"config num_warps must be a power of two <= 16 for path 'decode', got {warps!r}")
@@ -559,6 +560,14 @@ def resident_programs(config: dict) -> int | None:
 
 def _weight_tiles(out_features: int, rows: int) -> int:
     return -(-out_features // rows)
+
+
+def takes_shape(config: dict, out_features: int, in_features: int) -> bool:
+    """Whether a decode plan runs on an N x K weight (N = out_features, K = in_features): K a multiple of K_BLOCK and,
+    with TOKENS_FIRST, at most 65535 weight tiles (then the grid's second axis); `_launch_config` refuses the rest."""
+    if in_features % K_BLOCK:
+        return False
+    return not config.get("TOKENS_FIRST") or _weight_tiles(out_features, config.get("ROWS", 16)) <= _GRID_AXIS_LIMIT
 
 
 def _decode_launch(plan, m: int, in_features: int, out_features: int, group_size: int, symmetric: bool) -> _DecodeLaunch:
