@@ -180,11 +180,11 @@ def main() -> None:
     if args.ours_only and args.merge:
         raise SystemExit("--ours-only rows carry no fp16 time of their run: do not --merge them into a results file")
 
+    old = timing.load_for_merge(args.out, args.merge, torch.cuda.get_device_name(0), {"rows": []})
     kernel = timing.load_kernel()
     ms = [int(v) for v in args.m.split(",")]
     variants = args.variants.split(",")
     rows: list = []
-    old = json.loads(Path(args.out).read_text()) if (args.merge and args.out and Path(args.out).exists()) else {"rows": []}
     old_rows, old_commit = old["rows"], old.get("commit", "unknown")
     with timing.ClockLog() as clocks:
         for shape in timing.select_shapes(args.shapes, shapes_data):

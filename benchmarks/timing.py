@@ -303,6 +303,21 @@ def tree_commit() -> str:
     return commit + ("-dirty" if dirty else "")
 
 
+def load_for_merge(path: str, merge: bool, gpu: str, empty: dict) -> dict:
+    """The results file or tuned table that a --merge run adds to (`empty` when not merging or the file does not
+    exist yet). A file measured on another GPU (its `gpu`, or a table's `measured_on.gpu`) is refused before
+    anything is timed: one file's rows and ratios, and a shipped table, come from one kind of card (H100 runs had
+    to be kept out of h200.json by hand, NOTES v51)."""
+    if not (merge and path and Path(path).exists()):
+        return empty
+    data = json.loads(Path(path).read_text())
+    recorded = data.get("gpu") or data.get("measured_on", {}).get("gpu")
+    if recorded and recorded != gpu:
+        raise SystemExit(f"--merge: {path} was measured on {recorded!r} and this machine's GPU is {gpu!r}; merging "
+                         f"would mix two cards' timings in one file: write this run to another --out")
+    return data
+
+
 def machine_info() -> dict:
     import triton
 

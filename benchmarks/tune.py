@@ -380,7 +380,7 @@ def main() -> None:
     try_sets = [timing.config_overrides(spec, kernel) for spec in args.tries.split(";")] if args.tries else []
     decode_plans = [timing.config_overrides(spec, kernel) for spec in args.decode_plans.split(";")] if args.decode_plans else None
     entries, log = [], []
-    kept = json.loads(Path(args.out).read_text())["entries"] if (args.merge and Path(args.out).exists()) else []
+    kept = timing.load_for_merge(args.out, args.merge, info["gpu"], {"entries": []})["entries"]
     for shape in timing.select_shapes(args.shapes, shapes):
         n, k = shape["N"], shape["K"]
         fmt = format_fields(k)

@@ -24,7 +24,9 @@ for step in ${STEPS:-tests}; do
               done; cp torch-ext/w4a16/tuned_nvidia_h200.json "$OUT/"
               # later steps run with the table this step wrote: say so in their results
               export W4A16_COMMIT="${W4A16_COMMIT:-unknown}+tuned-in-session" ;;
-        bench) timeout "${BENCH_TIMEOUT:-420}" python3 benchmarks/bench_gemm.py --m "${BENCH_M:-1,2,4,8,16,32,64,128,256,512,1024,4096}" --variants "${BENCH_VARIANTS:-base}" --merge --out benchmarks/results/h200.json 2>&1 | tee "$OUT/bench.txt" | tail -60; cp benchmarks/results/h200.json "$OUT/" ;;
+        # BENCH_OUT: the results file to merge into (bench_gemm.py refuses one measured on another GPU)
+        bench) bench_out="${BENCH_OUT:-benchmarks/results/h200.json}"
+               timeout "${BENCH_TIMEOUT:-420}" python3 benchmarks/bench_gemm.py --m "${BENCH_M:-1,2,4,8,16,32,64,128,256,512,1024,4096}" --variants "${BENCH_VARIANTS:-base}" --merge --out "$bench_out" 2>&1 | tee "$OUT/bench.txt" | tail -60; cp "$bench_out" "$OUT/" ;;
         layout) timeout "${LAYOUT_TIMEOUT:-420}" python3 benchmarks/probe_layout.py --m "${LAYOUT_M:-1,16}" --out "$OUT/probe_layout.json" 2>&1 | tee "$OUT/probe_layout.txt" | tail -80 ;;
         # NCU_SPECS: "shape:M ..."; each: one launch with ncu's full set and per-instruction (SASS) sampling,
         # the report, its details page and its source page (CSV: stall reasons per SASS instruction)

@@ -269,6 +269,23 @@ def test_bench_results_keep_each_rows_own_fp16_time(tmp_path, monkeypatch):
 
 
 @pytest.mark.kernels_ci
+def test_merge_refuses_a_file_measured_on_another_gpu(tmp_path):
+    """bench_gemm.py / tune.py --merge: a results file or tuned table measured on another GPU is refused (before
+    anything is timed) rather than mixed with this card's timings; the same GPU, a new file or no --merge pass."""
+    timing = _benchmark_module("timing")
+    results, table = tmp_path / "h200.json", tmp_path / "tuned.json"
+    results.write_text(json.dumps({"gpu": "NVIDIA H200", "rows": [{"shape": "8B.o", "us": 5.0}]}))
+    table.write_text(json.dumps({"measured_on": {"gpu": "NVIDIA H200"}, "entries": [{"N": 4096}]}))
+    for path, empty in ((results, {"rows": []}), (table, {"entries": []})):
+        with pytest.raises(SystemExit, match="measured on 'NVIDIA H200' and this machine's GPU is 'NVIDIA H100 80GB HBM3'"):
+            timing.load_for_merge(str(path), True, "NVIDIA H100 80GB HBM3", empty)
+        kept = timing.load_for_merge(str(path), True, "NVIDIA H200", empty)
+        assert kept == json.loads(path.read_text()) and kept != empty
+        assert timing.load_for_merge(str(path), False, "NVIDIA H100 80GB HBM3", empty) is empty
+    assert timing.load_for_merge(str(tmp_path / "new.json"), True, "NVIDIA H100 80GB HBM3", {"rows": []}) == {"rows": []}
+
+
+@pytest.mark.kernels_ci
 def test_shape_selection_takes_names_and_literal_shapes():
     """--shapes of tune.py / bench_gemm.py: names of the shapes file, `name=NxK` for a shape outside it (the LM
     head of bench_e2e), all shapes for an empty list; anything else is refused with the known names."""
