@@ -180,7 +180,7 @@ def main() -> None:
     if args.ours_only and args.merge:
         raise SystemExit("--ours-only rows carry no fp16 time of their run: do not --merge them into a results file")
 
-    old = timing.load_for_merge(args.out, args.merge, torch.cuda.get_device_name(0), {"rows": []})
+    old = timing.load_for_merge(args.out, args.merge, timing.machine_info()["gpu"], {"rows": []})
     kernel = timing.load_kernel()
     ms = [int(v) for v in args.m.split(",")]
     variants = args.variants.split(",")
