@@ -16,14 +16,17 @@ for step in ${STEPS:-tests}; do
         probe) python3 benchmarks/tune.py --shapes "${PROBE_SHAPES:-8B.o,70B.gate_up}" --m "${PROBE_M:-1,4,16,64,1024}" --out "$OUT/tuned_probe.json" --log "$OUT/tune_probe_log.json" 2>&1 | tail -40 ;;
         # TUNE_SPECS: "variant:M,M,... variant:M,...:around ..." (variants of timing.VARIANTS; ":around" times
         # only the current plans with and without their options: tune.py --around-plan), each run with TUNE_TIMEOUT
-        tune) for spec in ${TUNE_SPECS:-base:${TUNE_M:-1,2,4,8,16,32,64,128,256,512,1024,4096}}; do
+        tune) table_before=$(sha256sum torch-ext/w4a16/tuned_nvidia_h200.json)
+              for spec in ${TUNE_SPECS:-base:${TUNE_M:-1,2,4,8,16,32,64,128,256,512,1024,4096}}; do
                   IFS=: read -r variant tune_m mode <<< "$spec"
                   timeout "${TUNE_TIMEOUT:-540}" python3 benchmarks/tune.py --merge --variant "$variant" --shapes "${TUNE_SHAPES:-}" --m "$tune_m" \
                       ${mode:+--around-plan} --out torch-ext/w4a16/tuned_nvidia_h200.json --log "$OUT/tune_log_${variant}_m${tune_m//,/_}${mode:+_$mode}.json" 2>&1 \
                       | tee -a "$OUT/tune.txt" | tail -60
               done; cp torch-ext/w4a16/tuned_nvidia_h200.json "$OUT/"
-              # later steps run with the table this step wrote: say so in their results
-              export W4A16_COMMIT="${W4A16_COMMIT:-unknown}+tuned-in-session" ;;
+              # later steps run with the table this step wrote: say so in their results (only when it changed:
+              # tune.py refuses to merge a run on another GPU, and then the shipped table is what they use)
+              [ "$(sha256sum torch-ext/w4a16/tuned_nvidia_h200.json)" != "$table_before" ] \
+                  && export W4A16_COMMIT="${W4A16_COMMIT:-unknown}+tuned-in-session" ;;
         # BENCH_OUT: the results file to merge into (bench_gemm.py refuses one measured on another GPU)
         bench) bench_out="${BENCH_OUT:-benchmarks/results/h200.json}"
                timeout "${BENCH_TIMEOUT:-420}" python3 benchmarks/bench_gemm.py --m "${BENCH_M:-1,2,4,8,16,32,64,128,256,512,1024,4096}" --variants "${BENCH_VARIANTS:-base}" --merge --out "$bench_out" 2>&1 | tee "$OUT/bench.txt" | tail -60; cp "$bench_out" "$OUT/" ;;
