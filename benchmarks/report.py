@@ -2,6 +2,8 @@
 
     python benchmarks/report.py [--results benchmarks/results/h200.json] [--plot benchmarks/results/h200_roofline.png]
 
+(Another GPU's results file, e.g. h100.json, draws no plot unless --plot names one, and its plot has no ceiling line.)
+
 Roofline: achieved TFLOP/s against arithmetic intensity (FLOP per byte actually required: W4 bytes
 for the 4-bit kernels, fp16 bytes for cuBLAS), one panel per shape, M along each line, with the
 H200 ceilings measured in PERFORMANCE.md (4.2 TB/s streaming read, ~790 TFLOP/s dense fp16).
@@ -126,7 +128,8 @@ def roofline(rows, path: Path, gpu: str) -> None:
     styles = {"fp16": ("tab:gray", "s"), "torch_int4": ("tab:orange", "^"), "w4a16": ("tab:blue", "o")}
     for ax, s in zip(axes.flat, shapes):
         ai = [10 ** (e / 10) for e in range(-10, 41)]
-        ax.plot(ai, [min(PEAK_TFLOPS, a * timing.READ_TBPS) for a in ai], "k--", lw=1, label="H200 ceiling (4.2 TB/s, 790 TFLOP/s)")
+        if "H200" in gpu:  # the ceilings were measured on the H200 only
+            ax.plot(ai, [min(PEAK_TFLOPS, a * timing.READ_TBPS) for a in ai], "k--", lw=1, label="H200 ceiling (4.2 TB/s, 790 TFLOP/s)")
         for impl, (color, marker) in styles.items():
             pts = sorted((r for r in rows if (r["impl"] == impl if impl != "w4a16" else is_base(r)) and r["shape"] == s), key=lambda r: r["M"])
             if not pts:
@@ -156,13 +159,17 @@ def roofline(rows, path: Path, gpu: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--results", default=str(timing.REPO / "benchmarks" / "results" / "h200.json"))
-    ap.add_argument("--plot", default=str(timing.REPO / "benchmarks" / "results" / "h200_roofline.png"))
+    ap.add_argument("--plot", default=None, help="PNG to draw (default: benchmarks/results/h200_roofline.png for a "
+                    "results file measured on an H200, none for another GPU's, so it cannot overwrite the H200 plot)")
     args = ap.parse_args()
     data = json.loads(Path(args.results).read_text())
+    if args.plot is None:
+        args.plot = str(timing.REPO / "benchmarks" / "results" / "h200_roofline.png") if "H200" in data["gpu"] else ""
     print(f"{data['gpu']}, torch {data['torch']}, Triton {data['triton']}, {data['date']}, commit {data['commit']}\n")
     print(markdown_tables(data["rows"]))
-    print("\nFormats against fp16 g128 asymmetric (its time / the format's time):\n")
-    print(format_table(data["rows"]))
+    if any(r["impl"] == "w4a16" and not is_base(r) for r in data["rows"]):
+        print("\nFormats against fp16 g128 asymmetric (its time / the format's time):\n")
+        print(format_table(data["rows"]))
     if args.plot:
         roofline(data["rows"], Path(args.plot), data["gpu"])
         print(f"\nwrote {args.plot}")

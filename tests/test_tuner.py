@@ -449,3 +449,21 @@ def test_around_plan_flips_unpack_ahead_on_pingpong_plans(w4a16, config, changed
     expected = {k: v for k, v in {**plan.config, **changed}.items() if v is not None}
     assert list(tune.around_plan(w4a16, plan, 256)) == [("pingpong", plan.config), ("pingpong", expected)]
     dispatch.plan_gemm(256, 4096, 4096, 128, torch.float16, cpu, path="pingpong", config=expected)  # accepted
+
+
+@pytest.mark.kernels_ci
+def test_report_draws_the_h200_plot_only_from_an_h200_file(tmp_path, monkeypatch):
+    """report.py's default plot is the H200 roofline README shows: a results file measured on another GPU (h100.json)
+    draws none unless --plot names one, so reporting it cannot overwrite the H200 picture."""
+    report = _benchmark_module("report")
+    monkeypatch.setattr(report.timing, "REPO", tmp_path)
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    plot = tmp_path / "benchmarks" / "results" / "h200_roofline.png"
+    shape = {"shape": "8B.o", "N": 4096, "K": 4096}
+    rows = [dict(shape, M=m, impl=impl, us=us * m ** 0.5) for m in (1, 16) for impl, us in (("fp16", 13.0), ("w4a16", 5.0))]
+    results = tmp_path / "results.json"
+    for gpu, drawn in (("NVIDIA H100 80GB HBM3", False), ("NVIDIA H200", True)):
+        results.write_text(json.dumps({"gpu": gpu, "torch": "t", "triton": "t", "date": "d", "commit": "c", "rows": rows}))
+        monkeypatch.setattr(sys, "argv", ["report.py", "--results", str(results)])
+        report.main()
+        assert plot.exists() == drawn, gpu
