@@ -136,9 +136,11 @@ def ours(kernel, shape, variants, eager_m1) -> list[Timed]:
     return out
 
 
-def print_table(rows, group_size=128):
+def print_table(rows, gpu: str, group_size=128):
+    """One line per GPU-time row: time, ratio to fp16, GB/s and, where `gpu` has a measured read ceiling, its share."""
     fp16 = {(r["shape"], r["M"]): r["us"] for r in rows if r["impl"] == "fp16"}
-    print(f"{'shape':12s} {'M':>5s} {'impl':24s} {'us':>9s} {'x fp16':>7s} {'GB/s':>7s} {'%4.2TB/s':>8s}")
+    read_tbps = (timing.measured_ceilings(gpu) or (None, None))[0]
+    print(f"{'shape':12s} {'M':>5s} {'impl':24s} {'us':>9s} {'x fp16':>7s} {'GB/s':>7s} {f'%{read_tbps}TB/s' if read_tbps else '':>8s}")
     for r in rows:
         if r["impl"].endswith("_eager"):
             continue
@@ -150,7 +152,8 @@ def print_table(rows, group_size=128):
         gbps = nbytes / (r["us"] * 1e-6) / 1e9
         label = r["impl"] if r["impl"] != "w4a16" else f"w4a16[{timing.format_label(r)}]"
         ratio = f"{fp16[(r['shape'], m)] / r['us']:7.2f}" if (r["shape"], m) in fp16 else f"{'-':>7s}"
-        print(f"{r['shape']:12s} {m:5d} {label:24s} {r['us']:9.2f} {ratio} {gbps:7.0f} {100 * gbps / (timing.READ_TBPS * 1e3):7.1f}%")
+        share = f"{100 * gbps / (read_tbps * 1e3):7.1f}%" if read_tbps else ""
+        print(f"{r['shape']:12s} {m:5d} {label:24s} {r['us']:9.2f} {ratio} {gbps:7.0f} {share}")
 
 
 def summary(rows):
@@ -180,7 +183,8 @@ def main() -> None:
     if args.ours_only and args.merge:
         raise SystemExit("--ours-only rows carry no fp16 time of their run: do not --merge them into a results file")
 
-    old = timing.load_for_merge(args.out, args.merge, timing.machine_info()["gpu"], {"rows": []})
+    gpu = timing.machine_info()["gpu"]
+    old = timing.load_for_merge(args.out, args.merge, gpu, {"rows": []})
     kernel = timing.load_kernel()
     ms = [int(v) for v in args.m.split(",")]
     variants = args.variants.split(",")
@@ -191,7 +195,7 @@ def main() -> None:
             bench_shape(kernel, shape, ms, variants, rows, args.rounds, ours_only=args.ours_only, clocks=clocks)
             if args.out:  # after every shape, so a run cut short keeps what it measured
                 write_results(Path(args.out), rows, old_rows, old_commit)
-    print_table(rows)
+    print_table(rows, gpu)
     summary(rows)
 
 

@@ -2,7 +2,8 @@
 
     python benchmarks/report.py [--results benchmarks/results/h200.json] [--plot benchmarks/results/h200_roofline.png]
 
-(Another GPU's results file, e.g. h100.json, draws no plot unless --plot names one, and its plot has no ceiling line.)
+(Another GPU's results file, e.g. h100.json, draws no plot unless --plot names one, and its plot has a ceiling line
+only where timing.MEASURED_CEILINGS holds that GPU's.)
 
 Roofline: achieved TFLOP/s against arithmetic intensity (FLOP per byte actually required: W4 bytes
 for the 4-bit kernels, fp16 bytes for cuBLAS), one panel per shape, M along each line, with the
@@ -19,9 +20,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import timing  # noqa: E402
-
-PEAK_TFLOPS = 790.0
-
 
 def is_base(r) -> bool:
     return r["impl"] == "w4a16" and r.get("dtype") == "fp16" and r.get("group_size") == 128 and not r.get("symmetric") and not r.get("act_order")
@@ -125,11 +123,13 @@ def roofline(rows, path: Path, gpu: str) -> None:
 
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
     fig, axes = plt.subplots(2, 4, figsize=(18, 8.5), sharex=True, sharey=True)
+    ceilings = timing.measured_ceilings(gpu)  # none drawn for a GPU without measured ones
+    read_tbps, peak_tflops = ceilings or (None, None)
     styles = {"fp16": ("tab:gray", "s"), "torch_int4": ("tab:orange", "^"), "w4a16": ("tab:blue", "o")}
     for ax, s in zip(axes.flat, shapes):
         ai = [10 ** (e / 10) for e in range(-10, 41)]
-        if "H200" in gpu:  # the ceilings were measured on the H200 only
-            ax.plot(ai, [min(PEAK_TFLOPS, a * timing.READ_TBPS) for a in ai], "k--", lw=1, label="H200 ceiling (4.2 TB/s, 790 TFLOP/s)")
+        if ceilings:
+            ax.plot(ai, [min(peak_tflops, a * read_tbps) for a in ai], "k--", lw=1, label=f"ceiling ({read_tbps} TB/s, {peak_tflops:.0f} TFLOP/s)")
         for impl, (color, marker) in styles.items():
             pts = sorted((r for r in rows if (r["impl"] == impl if impl != "w4a16" else is_base(r)) and r["shape"] == s), key=lambda r: r["M"])
             if not pts:

@@ -22,7 +22,14 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 REPO_ID = "w4a16-kernels/w4a16"
 SHAPES_FILE_CANDIDATES = (REPO / "shared" / "bench" / "shapes.json", REPO.parent / "shared" / "bench" / "shapes.json")
-READ_TBPS = 4.2  # measured H200 streaming-read ceiling (PERFORMANCE.md)
+# Ceilings measured in PERFORMANCE.md, by GPU model: streaming read (TB/s) and dense fp16 (TFLOP/s). A GPU without
+# an entry gets none, so its tables and plots show no ceiling rather than the H200's.
+MEASURED_CEILINGS = {"H200": (4.2, 790.0)}
+
+
+def measured_ceilings(gpu: str) -> tuple[float, float] | None:
+    """(read TB/s, fp16 TFLOP/s) measured for the GPU named `gpu` (torch's device name), or None."""
+    return next((ceilings for model, ceilings in MEASURED_CEILINGS.items() if model in gpu), None)
 
 
 def load_kernel():

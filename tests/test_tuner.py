@@ -467,3 +467,19 @@ def test_report_draws_the_h200_plot_only_from_an_h200_file(tmp_path, monkeypatch
         monkeypatch.setattr(sys, "argv", ["report.py", "--results", str(results)])
         report.main()
         assert plot.exists() == drawn, gpu
+
+
+@pytest.mark.kernels_ci
+def test_bench_table_shows_a_ceiling_share_only_for_a_gpu_with_measured_ceilings(capsys):
+    """bench_gemm.py's table gives each row's share of the read ceiling measured for the GPU (PERFORMANCE.md: the
+    H200's 4.2 TB/s); on another GPU (an H100) it prints no share rather than one of the H200's ceiling."""
+    bench = _benchmark_module("bench_gemm")
+    rows = [{"shape": "8B.o", "N": 4096, "K": 4096, "M": 1, "impl": "fp16", "us": 8.0}]
+    share = 100 * (2 * 4096 * 4096 + 2 * 4096 + 2 * 4096) / 8e-6 / 1e9 / 4.2e3  # f16_bytes: weight, x and y
+    for gpu, expected in (("NVIDIA H200", f"{share:.1f}%"), ("NVIDIA H100 80GB HBM3", None)):
+        bench.print_table(rows, gpu)
+        header, line = capsys.readouterr().out.splitlines()
+        if expected:
+            assert "%4.2TB/s" in header and line.endswith(expected), (gpu, line)
+        else:
+            assert "%" not in header + line, (gpu, line)
