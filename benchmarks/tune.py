@@ -332,6 +332,11 @@ def main() -> None:
     ap.add_argument("--shapes", default="", help="comma list of shape names or name=NxK (default: all)")
     ap.add_argument("--log", default="", help="write every timing here (JSON)")
     ap.add_argument("--merge", action="store_true", help="keep the --out table's entries for (N, K, M, format) not tuned now")
+    ap.add_argument("--applies-to", default="",
+                    help="comma list of device-name parts the --out table serves (default: the merged file's, else H200,H100)")
+    ap.add_argument("--overlays", default="",
+                    help="the shipped table the --out table refines (dispatch.load_tuned_table), e.g. an H100's entries "
+                         "over tuned_nvidia_h200.json (default: the merged file's, else none)")
     ap.add_argument("--variant", default="base", choices=list(timing.VARIANTS),
                     help="weight format to tune (timing.VARIANTS)")
     ap.add_argument("--paths", default="", help="comma list: time only candidates of these paths (the current plan is timed first in any case)")
@@ -380,7 +385,10 @@ def main() -> None:
     try_sets = [timing.config_overrides(spec, kernel) for spec in args.tries.split(";")] if args.tries else []
     decode_plans = [timing.config_overrides(spec, kernel) for spec in args.decode_plans.split(";")] if args.decode_plans else None
     entries, log = [], []
-    kept = timing.load_for_merge(args.out, args.merge, info["gpu"], {"entries": []})["entries"]
+    kept_table = timing.load_for_merge(args.out, args.merge, info["gpu"], {"entries": []})
+    kept = kept_table["entries"]
+    applies_to = args.applies_to.split(",") if args.applies_to else kept_table.get("applies_to", ["H200", "H100"])
+    overlays = args.overlays or kept_table.get("overlays")
     for shape in timing.select_shapes(args.shapes, shapes):
         n, k = shape["N"], shape["K"]
         fmt = format_fields(k)
@@ -438,29 +446,27 @@ def main() -> None:
             entries.append({"N": n, "K": k, "M": m, **fmt, "path": path, **config, "us": round(us, 2), "tuned_at": info["commit"]})
             print(f"{shape['name']:12s} {args.variant:5s} M={m:5d} best {path:7s} {config} {us:8.2f} us", flush=True)
             # after every entry: a run cut short by its time limit keeps everything it decided
-            write_table(args, info, table_group_size, sm_count, merged(kept, entries), log)
+            write_table(args, info, table_group_size, sm_count, merged(kept, entries, kernel.dispatch.entry_key), log,
+                        applies_to, overlays)
         del weights
         torch.cuda.empty_cache()
     print(f"wrote {args.out} ({len(entries)} entries)")
 
 
-def _entry_key(e: dict) -> tuple:
-    """(N, K, M, format): base entries have no format fields."""
-    return e["N"], e["K"], e["M"], e.get("dtype", ""), e.get("group_size", 0), e.get("symmetric", False), e.get("act_order", False)
+def merged(kept: list, entries: list, entry_key) -> list:
+    """The kept table's entries with those tuned now replacing the same (N, K, M, format) (`dispatch.entry_key`)."""
+    new = {entry_key(e) for e in entries}
+    return sorted([e for e in kept if entry_key(e) not in new] + entries, key=entry_key)
 
 
-def merged(kept: list, entries: list) -> list:
-    new = {_entry_key(e) for e in entries}
-    return sorted([e for e in kept if _entry_key(e) not in new] + entries, key=_entry_key)
-
-
-def write_table(args, info, group_size, sm_count, entries, log) -> None:
+def write_table(args, info, group_size, sm_count, entries, log, applies_to: list, overlays: str | None) -> None:
     """Written after every entry, so a run cut short still leaves what it measured."""
     table = {
         "about": ("Fastest measured path and launch configuration per (N, K, M bucket); regenerate with benchmarks/tune.py. "
                   "`tuned_at`: the commit of the tree an entry was measured on (entries without it predate the field; "
                   "their searches are in benchmarks/results/logs/h200_tune_*)."),
-        "applies_to": ["H200", "H100"],
+        "applies_to": applies_to,
+        **({"overlays": overlays} if overlays else {}),
         "measured_on": info,
         "sm_count": sm_count,  # Stream-K's PROGRAMS scale with it (dispatch.programs_for_device)
         "group_size": group_size,

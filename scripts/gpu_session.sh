@@ -16,16 +16,18 @@ for step in ${STEPS:-tests}; do
         probe) python3 benchmarks/tune.py --shapes "${PROBE_SHAPES:-8B.o,70B.gate_up}" --m "${PROBE_M:-1,4,16,64,1024}" --out "$OUT/tuned_probe.json" --log "$OUT/tune_probe_log.json" 2>&1 | tail -40 ;;
         # TUNE_SPECS: "variant:M,M,... variant:M,...:around ..." (variants of timing.VARIANTS; ":around" times
         # only the current plans with and without their options: tune.py --around-plan), each run with TUNE_TIMEOUT
-        tune) table_before=$(sha256sum torch-ext/w4a16/tuned_nvidia_h200.json)
+        # TUNE_TABLE: the shipped table to merge into (another GPU's, e.g. tuned_nvidia_h100.json, with TUNE_TABLE_ARGS
+        # "--applies-to H100 --overlays tuned_nvidia_h200.json" when it is new: tune.py refuses another GPU's file)
+        tune) table="${TUNE_TABLE:-torch-ext/w4a16/tuned_nvidia_h200.json}"; table_before=$(sha256sum "$table" 2>/dev/null)
               for spec in ${TUNE_SPECS:-base:${TUNE_M:-1,2,4,8,16,32,64,128,256,512,1024,4096}}; do
                   IFS=: read -r variant tune_m mode <<< "$spec"
                   timeout "${TUNE_TIMEOUT:-540}" python3 benchmarks/tune.py --merge --variant "$variant" --shapes "${TUNE_SHAPES:-}" --m "$tune_m" \
-                      ${mode:+--around-plan} --out torch-ext/w4a16/tuned_nvidia_h200.json --log "$OUT/tune_log_${variant}_m${tune_m//,/_}${mode:+_$mode}.json" 2>&1 \
+                      ${mode:+--around-plan} ${TUNE_TABLE_ARGS:-} --out "$table" --log "$OUT/tune_log_${variant}_m${tune_m//,/_}${mode:+_$mode}.json" 2>&1 \
                       | tee -a "$OUT/tune.txt" | tail -60
-              done; cp torch-ext/w4a16/tuned_nvidia_h200.json "$OUT/"
+              done; cp "$table" "$OUT/"
               # later steps run with the table this step wrote: say so in their results (only when it changed:
               # tune.py refuses to merge a run on another GPU, and then the shipped table is what they use)
-              [ "$(sha256sum torch-ext/w4a16/tuned_nvidia_h200.json)" != "$table_before" ] \
+              [ "$(sha256sum "$table" 2>/dev/null)" != "$table_before" ] \
                   && export W4A16_COMMIT="${W4A16_COMMIT:-unknown}+tuned-in-session" ;;
         # BENCH_OUT: the results file to merge into (bench_gemm.py refuses one measured on another GPU)
         bench) bench_out="${BENCH_OUT:-benchmarks/results/h200.json}"

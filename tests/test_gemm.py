@@ -761,7 +761,7 @@ def test_dispatch_plans(w4a16):
     assert dispatch.load_tuned_table("Some Other GPU") is None
     # every tuned entry names only launch keys the launcher knows, and both scale modes are in use
     # note: free text on an entry; tuned_at: the commit the entry was measured on (newer entries)
-    known = set(dispatch.CONFIG_KEYS) | {"N", "K", "M", "path", "us", "note", "tuned_at", "FALLBACK"}
+    known = set(dispatch.CONFIG_KEYS) | {"N", "K", "M", "path", "us", "note", "tuned_at", "FALLBACK", "table"}
     assert all(set(r) <= known for rows in table.values() for r in rows)
     # ... and only keys its own path's launcher reads (as a forced config must), FALLBACK plans too
     every = [r for rows in table.values() for r in rows] + [r for rows in by_format.values() for r in rows.values()]

@@ -2,7 +2,8 @@
 
 Configuration is data: `tuned_<gpu>.json` files shipped in this package, measured on that GPU by
 `benchmarks/tune.py`. A file applies to the GPUs whose device name contains one of its
-`applies_to` strings (the H100 and the H200 share the chip). A shape the table does not hold (another
+`applies_to` strings (the H100 and the H200 share the chip); a file may refine another (`overlays`: the H100's
+entries re-tuned on an H100 over the H200's table, which serves both for everything not re-tuned). A shape the table does not hold (another
 model's layers) takes the plan of the nearest tuned shape within BORROW_RATIO in both N and K (`nearest_tuned_shape`:
 a plan is a launch configuration, valid for any shape its kernel takes, and a near shape fills the GPU alike);
 shapes farther off and GPUs without a table get a heuristic that fills the machine by split-K. `strict=True` turns
@@ -52,7 +53,7 @@ from .gemm_decode import adjacent_rows_apply
 from .gemm_decode import available as decode_available
 from .gemm_pingpong import available as pingpong_available
 
-__all__ = ["PATHS", "TENSOR_CORE_PATHS", "GLUON_PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "index_tuned_entries",
+__all__ = ["PATHS", "TENSOR_CORE_PATHS", "GLUON_PATHS", "Plan", "plan_gemm", "m_bucket", "load_tuned_table", "entry_key", "index_tuned_entries",
            "format_key", "tuned_row", "nearest_tuned_shape", "takes_shape", "wave_fill", "keeps_wave_fill", "stream_k_form", "BORROW_RATIO", "CONFIG_KEYS", "PATH_CONFIG_KEYS", "CONFIG_OPTIONS", "row_config", "programmatic_launch",
            "PDL_PATHS"]
 
@@ -98,14 +99,42 @@ def format_key(dtype: torch.dtype, group_size: int, symmetric: bool, act_order: 
 
 
 @functools.lru_cache(maxsize=None)
-def load_tuned_table(device_name: str) -> tuple[str, dict, dict, int | None] | None:
-    """The shipped tuned table whose `applies_to` matches this device name, as
-    (file, {(N, K): rows sorted by M}, {(N, K, format_key): {M: row}}, the SM count it was measured on)."""
-    for path in sorted(_TUNED_DIR.glob("tuned_*.json")):
-        data = json.loads(path.read_text())
-        if any(tag in device_name for tag in data["applies_to"]):
-            return (path.name, *index_tuned_entries(data), data.get("sm_count"))
-    return None
+def load_tuned_table(device_name: str, directory: Path = _TUNED_DIR) -> tuple[str, dict, dict, int | None] | None:
+    """The tuned tables in `directory` (the shipped ones) whose `applies_to` matches this device name, as one table:
+    (file, {(N, K): rows sorted by M}, {(N, K, format_key): {M: row}}, the SM count it was measured on).
+
+    A table may name in `overlays` another shipped table that it refines: its entries replace that table's for the
+    same (N, K, M bucket, format) (`entry_key`) and the other's entries serve everything else. Of the tables that
+    match, the one no other matching table overlays is used, with the chain it overlays; `file` names it, and every
+    row carries `table`, the file it comes from (a plan's source says which). Tables of one chain must agree on the
+    base group size and the SM count (a ValueError names the file otherwise)."""
+    tables = {path.name: json.loads(path.read_text()) for path in sorted(directory.glob("tuned_*.json"))}
+    matching = [name for name, data in tables.items() if any(tag in device_name for tag in data["applies_to"])]
+    overlaid = {tables[name].get("overlays") for name in matching}
+    tops = [name for name in matching if name not in overlaid]
+    if not tops:
+        return None
+    chain = [tops[0]]
+    while (below := tables[chain[-1]].get("overlays")) is not None:
+        if below not in tables or below in chain:
+            raise ValueError(f"{chain[-1]}: `overlays` must name another tuned table in {directory}, got {below!r}")
+        for key in ("group_size", "sm_count"):
+            if tables[below].get(key) != tables[chain[0]].get(key):
+                raise ValueError(f"{chain[0]} overlays {below}: their {key} must agree, got "
+                                 f"{tables[chain[0]].get(key)} and {tables[below].get(key)}")
+        chain.append(below)
+    rows = {}
+    for name in reversed(chain):  # the refining table's entries last, replacing the same keys
+        rows.update({entry_key(row): {**row, "table": name} for row in tables[name]["entries"]})
+    top = tables[chain[0]]
+    return (chain[0], *index_tuned_entries({"group_size": top["group_size"], "entries": list(rows.values())}),
+            top.get("sm_count"))
+
+
+def entry_key(row: dict) -> tuple:
+    """A tuned entry's identity, (N, K, M bucket, format fields): base-format entries have no format fields."""
+    return (row["N"], row["K"], row["M"], row.get("dtype", ""), row.get("group_size", 0), row.get("symmetric", False),
+            row.get("act_order", False))
 
 
 def index_tuned_entries(data: dict) -> tuple[dict, dict]:
@@ -361,12 +390,13 @@ def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, d
     if tuned is not None:
         file, table, by_format, table_sm_count = tuned
         fmt = format_key(dtype, group_size, symmetric, act_order)
-        row, source = tuned_row(table, by_format, mb, n, k, fmt), f"tuned:{file}"
+        row = tuned_row(table, by_format, mb, n, k, fmt)
+        source = f"tuned:{row.get('table', file)}" if row is not None else ""
         if row is None and (near := nearest_tuned_shape(table, n, k, mb)) is not None:
             n0, k0 = near
             # (per-channel formats are keyed by their group size, K: the near shape's own K)
             row = tuned_row(table, by_format, mb, n0, k0, (fmt[0], k0, *fmt[2:]) if group_size == k else fmt)
-            source = f"nearest:{file} {n0}x{k0}"
+            source = f"nearest:{row.get('table', file) if row is not None else file} {n0}x{k0}"
         gluon_ok = {"decode": decode_available(device), "pingpong": pingpong_available(device)}
         runnable = None if row is None else runnable_row(row, gluon_ok)
         if runnable is not None and not takes_shape(runnable, n, k):
