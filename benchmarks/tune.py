@@ -387,8 +387,7 @@ def main() -> None:
     entries, log = [], []
     kept_table = timing.load_for_merge(args.out, args.merge, info["gpu"], {"entries": []})
     kept = kept_table["entries"]
-    applies_to = args.applies_to.split(",") if args.applies_to else kept_table.get("applies_to", ["H200", "H100"])
-    overlays = args.overlays or kept_table.get("overlays")
+    applies_to, overlays = table_scope(args.applies_to, args.overlays, kept_table)
     for shape in timing.select_shapes(args.shapes, shapes):
         n, k = shape["N"], shape["K"]
         fmt = format_fields(k)
@@ -451,6 +450,13 @@ def main() -> None:
         del weights
         torch.cuda.empty_cache()
     print(f"wrote {args.out} ({len(entries)} entries)")
+
+
+def table_scope(applies_to: str, overlays: str, kept_table: dict) -> tuple[list, str | None]:
+    """The GPUs the written table serves and the table it refines (`dispatch.load_tuned_table`): the command line's
+    (comma list, file name), else those of the table being merged into, else the H200 table's (H200 and H100, none)."""
+    return (applies_to.split(",") if applies_to else kept_table.get("applies_to", ["H200", "H100"]),
+            overlays or kept_table.get("overlays"))
 
 
 def merged(kept: list, entries: list, entry_key) -> list:

@@ -796,6 +796,46 @@ def test_dispatch_plans(w4a16):
 
 
 @pytest.mark.kernels_ci
+def test_tuned_table_overlays_another(w4a16, tmp_path):
+    """A table with `overlays` (an H100's re-tuned entries over the H200's table) replaces the other table's entries
+    of the same (N, K, M, format) on the GPUs it applies to, keeps the rest, and says which file each row comes from;
+    the GPUs it does not apply to see only the other table."""
+    import json
+
+    dispatch = w4a16.dispatch
+    base_rows = [{"N": 64, "K": 256, "M": m, "path": "splitk", "SPLIT_K": 2} for m in (1, 256, 512)]
+    base_rows.append({"N": 64, "K": 256, "M": 256, "dtype": "bfloat16", "path": "tiled"})
+    shared = {"group_size": 128, "sm_count": 132}
+    (tmp_path / "tuned_b.json").write_text(json.dumps({"applies_to": ["H200", "H100"], **shared, "entries": base_rows}))
+    h100_rows = [{"N": 64, "K": 256, "M": 256, "path": "dense"}, {"N": 128, "K": 256, "M": 512, "path": "tiled"}]
+    (tmp_path / "tuned_a.json").write_text(json.dumps({"applies_to": ["H100"], "overlays": "tuned_b.json", **shared,
+                                                       "entries": h100_rows}))
+    file, table, by_format, sm = dispatch.load_tuned_table("NVIDIA H100 80GB HBM3", tmp_path)
+    assert (file, sm) == ("tuned_a.json", 132)
+    assert [(r["M"], r["path"], r["table"]) for r in table[(64, 256)]] == [
+        (1, "splitk", "tuned_b.json"), (256, "dense", "tuned_a.json"), (512, "splitk", "tuned_b.json")]
+    assert [(r["M"], r["table"]) for r in table[(128, 256)]] == [(512, "tuned_a.json")]
+    # a format's own entry is not a base entry: the overlay's base entry leaves it in place
+    assert by_format[(64, 256, ("bfloat16", 128, False, False))][256]["table"] == "tuned_b.json"
+    file, table, _, _ = dispatch.load_tuned_table("NVIDIA H200", tmp_path)
+    assert file == "tuned_b.json" and [r["path"] for r in table[(64, 256)]] == ["splitk"] * 3
+    assert (128, 256) not in table
+    # an overlay must name a table that is there, and agree with it on the base group size and the SM count
+    (tmp_path / "tuned_a.json").write_text(json.dumps({"applies_to": ["H100"], "overlays": "tuned_c.json", **shared,
+                                                       "entries": h100_rows}))
+    with pytest.raises(ValueError, match="`overlays` must name another tuned table"):
+        dispatch.load_tuned_table("NVIDIA H100 PCIe", tmp_path)
+    (tmp_path / "tuned_a.json").write_text(json.dumps({"applies_to": ["H100"], "overlays": "tuned_b.json",
+                                                       "group_size": 128, "sm_count": 114, "entries": h100_rows}))
+    with pytest.raises(ValueError, match="their sm_count must agree, got 114 and 132"):
+        dispatch.load_tuned_table("NVIDIA H100 NVL", tmp_path)
+    # the shipped tables: each loads for the GPUs it names, and the overlaid one still serves the chips it names
+    for path in sorted(dispatch._TUNED_DIR.glob("tuned_*.json")):
+        for tag in json.loads(path.read_text())["applies_to"]:
+            assert dispatch.load_tuned_table(f"NVIDIA {tag}") is not None
+
+
+@pytest.mark.kernels_ci
 def test_check_layer(w4a16):
     weight, ref = random_layer(w4a16, 256, 32, 128, False, torch.float16, "cpu", seed=6)
     report = w4a16.check_layer(weight, reference_linear_weight=ref.t(), batch_sizes=(1, 3))

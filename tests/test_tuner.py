@@ -268,6 +268,34 @@ def test_bench_results_keep_each_rows_own_fp16_time(tmp_path, monkeypatch):
     assert report.speedup(dict(shape, impl="w4a16", us=6.0), latest_fp16) == pytest.approx(2.0)  # older files: the file's fp16 row
 
 
+def test_tuned_table_written_for_another_gpu_overlays_the_shipped_one(w4a16, tmp_path):
+    """tune.py --applies-to H100 --overlays tuned_b.json: the table it writes (and re-writes on --merge, keeping its
+    scope) refines the other one on an H100 only, entry by entry (`dispatch.load_tuned_table`)."""
+    import argparse
+
+    tune = _tune_module()
+    shared = {"group_size": 128, "sm_count": 132}
+    (tmp_path / "tuned_b.json").write_text(json.dumps({"applies_to": ["H200", "H100"], **shared, "entries": [
+        {"N": 64, "K": 256, "M": m, "path": "splitk", "SPLIT_K": 2} for m in (256, 512)]}))
+    assert tune.table_scope("", "", {"entries": []}) == (["H200", "H100"], None)
+    scope = tune.table_scope("H100", "tuned_b.json", {"entries": []})
+    args = argparse.Namespace(out=str(tmp_path / "tuned_a.json"), log="")
+    info = {"gpu": "NVIDIA H100 80GB HBM3", "commit": "abc1234"}
+    first = [{"N": 64, "K": 256, "M": 256, "path": "tiled", "us": 9.0}]
+    tune.write_table(args, info, 128, 132, tune.merged([], first, w4a16.dispatch.entry_key), [], *scope)
+    kept_table = json.loads((tmp_path / "tuned_a.json").read_text())
+    assert tune.table_scope("", "", kept_table) == (["H100"], "tuned_b.json")  # a --merge run keeps the scope
+    again = [{"N": 64, "K": 256, "M": 256, "path": "dense", "us": 8.0}, {"N": 64, "K": 256, "M": 1, "path": "gemv", "us": 3.0}]
+    entries = tune.merged(kept_table["entries"], again, w4a16.dispatch.entry_key)
+    assert [(e["M"], e["path"]) for e in entries] == [(1, "gemv"), (256, "dense")]
+    tune.write_table(args, info, 128, 132, entries, [], *tune.table_scope("", "", kept_table))
+    _, table, _, _ = w4a16.dispatch.load_tuned_table("NVIDIA H100 80GB HBM3", tmp_path)
+    assert [(r["M"], r["path"], r["table"]) for r in table[(64, 256)]] == [
+        (1, "gemv", "tuned_a.json"), (256, "dense", "tuned_a.json"), (512, "splitk", "tuned_b.json")]
+    _, table, _, _ = w4a16.dispatch.load_tuned_table("NVIDIA H200", tmp_path)
+    assert [r["path"] for r in table[(64, 256)]] == ["splitk", "splitk"]
+
+
 @pytest.mark.kernels_ci
 def test_merge_refuses_a_file_measured_on_another_gpu(tmp_path):
     """bench_gemm.py / tune.py --merge: a results file or tuned table measured on another GPU is refused (before
