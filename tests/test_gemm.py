@@ -829,6 +829,16 @@ def test_tuned_table_overlays_another(w4a16, tmp_path):
                                                        "group_size": 128, "sm_count": 114, "entries": h100_rows}))
     with pytest.raises(ValueError, match="their sm_count must agree, got 114 and 132"):
         dispatch.load_tuned_table("NVIDIA H100 NVL", tmp_path)
+    # two tables for one GPU, neither overlaying the other, are refused rather than one picked by file name
+    (tmp_path / "tuned_a.json").write_text(json.dumps({"applies_to": ["H100"], **shared, "entries": h100_rows}))
+    with pytest.raises(ValueError, match=r"tuned tables \['tuned_a.json', 'tuned_b.json'\] all apply to 'NVIDIA H100 SXM'"):
+        dispatch.load_tuned_table("NVIDIA H100 SXM", tmp_path)
+    (tmp_path / "tuned_b.json").write_text(json.dumps({"applies_to": ["H100"], "overlays": "tuned_a.json", **shared,
+                                                       "entries": base_rows}))
+    (tmp_path / "tuned_a.json").write_text(json.dumps({"applies_to": ["H100"], "overlays": "tuned_b.json", **shared,
+                                                       "entries": h100_rows}))
+    with pytest.raises(ValueError, match="overlay one another in a cycle"):
+        dispatch.load_tuned_table("NVIDIA H100 HBM3", tmp_path)
     # the shipped tables: each loads for the GPUs it names, and the overlaid one still serves the chips it names
     for path in sorted(dispatch._TUNED_DIR.glob("tuned_*.json")):
         for tag in json.loads(path.read_text())["applies_to"]:

@@ -107,16 +107,25 @@ def load_tuned_table(device_name: str, directory: Path = _TUNED_DIR) -> tuple[st
     same (N, K, M bucket, format) (`entry_key`) and the other's entries serve everything else. Of the tables that
     match, the one no other matching table overlays is used, with the chain it overlays; `file` names it, and every
     row carries `table`, the file it comes from (a plan's source says which). Tables of one chain must agree on the
-    base group size and the SM count (a ValueError names the file otherwise)."""
+    base group size and the SM count, and two matching tables outside one chain are ambiguous (a ValueError names the
+    files)."""
     tables = {path.name: json.loads(path.read_text()) for path in sorted(directory.glob("tuned_*.json"))}
     matching = [name for name, data in tables.items() if any(tag in device_name for tag in data["applies_to"])]
+    for name in matching:
+        if tables[name].get("overlays") not in (None, *tables) or tables[name].get("overlays") == name:
+            raise ValueError(f"{name}: `overlays` must name another tuned table in {directory}, got {tables[name]['overlays']!r}")
     overlaid = {tables[name].get("overlays") for name in matching}
     tops = [name for name in matching if name not in overlaid]
+    if not tops and matching:
+        raise ValueError(f"tuned tables {matching} overlay one another in a cycle")
     if not tops:
         return None
+    if len(tops) > 1:  # two tables for one GPU, neither refining the other: which one serves it is not data's choice
+        raise ValueError(f"tuned tables {tops} all apply to {device_name!r}: one must name the other in `overlays`, "
+                         f"or their `applies_to` must not overlap")
     chain = [tops[0]]
     while (below := tables[chain[-1]].get("overlays")) is not None:
-        if below not in tables or below in chain:
+        if below not in tables or below in chain:  # (a missing table or a cycle below: those need not match the GPU)
             raise ValueError(f"{chain[-1]}: `overlays` must name another tuned table in {directory}, got {below!r}")
         for key in ("group_size", "sm_count"):
             if tables[below].get(key) != tables[chain[0]].get(key):
