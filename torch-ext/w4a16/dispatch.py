@@ -2,10 +2,11 @@
 
 Configuration is data: `tuned_<gpu>.json` files shipped in this package, measured on that GPU by
 `benchmarks/tune.py`. A file applies to the GPUs whose device name contains one of its
-`applies_to` strings (the H100 and the H200 share the chip); a file may refine another (`overlays`: the H100's
-entries re-tuned on an H100 over the H200's table, which serves both for everything not re-tuned). A shape the table does not hold (another
-model's layers) takes the plan of the nearest tuned shape within BORROW_RATIO in both N and K (`nearest_tuned_shape`:
-a plan is a launch configuration, valid for any shape its kernel takes, and a near shape fills the GPU alike);
+`applies_to` strings (the H100 and the H200 share the chip); a file may refine another (`overlays`: e.g. entries
+re-tuned on an H100 over the H200's table, which serves both for everything not re-tuned; `load_tuned_table`). A
+shape the table does not hold (another model's layers) takes the plan of the nearest tuned shape within
+BORROW_RATIO in both N and K (`nearest_tuned_shape`: a plan is a launch configuration, valid for any shape its
+kernel takes, and a near shape fills the GPU alike);
 shapes farther off and GPUs without a table get a heuristic that fills the machine by split-K. `strict=True` turns
 both fallbacks (anything but the shape's own tuned entry) into an error instead of a silent slowdown. Nothing is
 tuned at run time, and plans are memoised per (M bucket, N, K, ...), so a call costs a dictionary look-up.
