@@ -86,16 +86,27 @@ FORMATS = (("bf16", "bf16 g128"), ("symmetric", "fp16 g128 sym"), ("group 64", "
            ("per-channel", "fp16 per-channel"))
 
 
+def same_run(a: dict, b: dict) -> bool:
+    """Whether two rows of a results file were measured in one bench_gemm.py run: rows of one run carry the same
+    cuBLAS time (`fp16_us`, that run's fp16 row); rows without it (older files), the same commit."""
+    if "fp16_us" in a and "fp16_us" in b:
+        return a["fp16_us"] == b["fp16_us"] and a.get("commit") == b.get("commit")
+    return a.get("commit") == b.get("commit")
+
+
 def format_table(rows) -> str:
     """Each format against fp16 g128 asymmetric: the base's time / the format's time per shape and M (both our
     kernels, which repeat within 1-3% between runs; a ratio of speed-ups over cuBLAS would carry cuBLAS's
     spread between the two rows' runs, 2-13% in v17); per column the range of the geometric means over the
-    shapes at each M, and the worst single (shape, M) in brackets."""
-    base = {(r["shape"], r["M"]): r["us"] for r in rows if is_base(r)}
+    shapes at each M, and the worst single (shape, M) in brackets, marked * where its two rows were measured in
+    different runs (`same_run`: the ratio then carries the machine's drift between the runs too)."""
+    base = {(r["shape"], r["M"]): r for r in rows if is_base(r)}
     out = ["| format | " + " | ".join(name for name, _ in FORMAT_COLUMNS) + " |", "|---|" + "---|" * len(FORMAT_COLUMNS)]
+    marked = False
     for name, label in FORMATS:
-        ratios = {(r["shape"], r["M"]): base[(r["shape"], r["M"])] / r["us"] for r in rows
-                  if r["impl"] == "w4a16" and timing.format_label(r) == label and (r["shape"], r["M"]) in base}
+        own = {(r["shape"], r["M"]): r for r in rows
+               if r["impl"] == "w4a16" and timing.format_label(r) == label and (r["shape"], r["M"]) in base}
+        ratios = {key: base[key]["us"] / r["us"] for key, r in own.items()}
         cells = []
         for _, ms in FORMAT_COLUMNS:
             means = []
@@ -110,8 +121,12 @@ def format_table(rows) -> str:
             low, high = f"{min(means):.2f}", f"{max(means):.2f}"
             last = max(mm for (_, mm) in ratios if mm in ms)
             upto = f"; to M={last}" if last != ms[-1] else ""
-            cells.append(f"{low if low == high else low + '-' + high} ({worst:.2f}, {shape} M={m}{upto})")
+            two_runs = not same_run(own[(shape, m)], base[(shape, m)])
+            marked |= two_runs
+            cells.append(f"{low if low == high else low + '-' + high} ({worst:.2f}{'*' if two_runs else ''}, {shape} M={m}{upto})")
         out.append(f"| {name} | " + " | ".join(cells) + " |")
+    if marked:
+        out += ["", "*: the format's row and the base's were measured in different runs."]
     return "\n".join(out)
 
 

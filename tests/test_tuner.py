@@ -511,3 +511,26 @@ def test_bench_table_shows_a_ceiling_share_only_for_a_gpu_with_measured_ceilings
             assert "%4.2TB/s" in header and line.endswith(expected), (gpu, line)
         else:
             assert "%" not in header + line, (gpu, line)
+
+
+def test_formats_table_marks_a_worst_point_whose_rows_come_from_two_runs():
+    """report.py's formats table: a format's worst (shape, M) is starred where its row and the base's were measured in
+    different runs (`same_run`: their cuBLAS times `fp16_us` or their commits differ), with a footnote; a comparison
+    within one run is not."""
+    report = _benchmark_module("report")
+    sym = {"dtype": "fp16", "group_size": 128, "symmetric": True}
+
+    def row(m, us, fp16_us, commit, **fmt):
+        return {"shape": "8B.o", "N": 4096, "K": 4096, "M": m, "impl": "w4a16", "us": us, "fp16_us": fp16_us,
+                "commit": commit, **fmt}
+
+    base = {"dtype": "fp16", "group_size": 128}
+    one_run = [row(1, 5.0, 13.0, "a", **base), row(1, 5.5, 13.0, "a", **sym)]
+    table = report.format_table(one_run)
+    assert "(0.91, 8B.o M=1;" in table and "*" not in table
+    two_runs = [row(1, 5.0, 13.0, "b", **base), row(1, 5.5, 12.5, "a", **sym)]
+    table = report.format_table(two_runs)
+    assert "(0.91*, 8B.o M=1;" in table and table.endswith("*: the format's row and the base's were measured in different runs.")
+    # same commit, another run (another cuBLAS time), and rows of older files without fp16_us: by commit
+    assert not report.same_run(row(1, 5.0, 13.0, "a"), row(1, 5.0, 12.9, "a"))
+    assert report.same_run({"commit": "a"}, {"commit": "a"}) and not report.same_run({"commit": "a"}, {"commit": "b"})
