@@ -803,6 +803,8 @@ def test_tuned_table_overlays_another(w4a16, tmp_path):
     import json
 
     dispatch = w4a16.dispatch
+    # load_tuned_table is memoised per (device name, directory): each rewrite of the files below asks for another
+    # device name that the tables still match, so it reads them anew
     base_rows = [{"N": 64, "K": 256, "M": m, "path": "splitk", "SPLIT_K": 2} for m in (1, 256, 512)]
     base_rows.append({"N": 64, "K": 256, "M": 256, "dtype": "bfloat16", "path": "tiled"})
     shared = {"group_size": 128, "sm_count": 132}

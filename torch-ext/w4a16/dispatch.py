@@ -111,10 +111,10 @@ def load_tuned_table(device_name: str, directory: Path = _TUNED_DIR) -> tuple[st
     base group size and the SM count, and two matching tables outside one chain are ambiguous (a ValueError names the
     files)."""
     tables = {path.name: json.loads(path.read_text()) for path in sorted(directory.glob("tuned_*.json"))}
+    for name, data in tables.items():
+        if data.get("overlays") not in (None, *(other for other in tables if other != name)):
+            raise ValueError(f"{name}: `overlays` must name another tuned table in {directory}, got {data['overlays']!r}")
     matching = [name for name, data in tables.items() if any(tag in device_name for tag in data["applies_to"])]
-    for name in matching:
-        if tables[name].get("overlays") not in (None, *tables) or tables[name].get("overlays") == name:
-            raise ValueError(f"{name}: `overlays` must name another tuned table in {directory}, got {tables[name]['overlays']!r}")
     overlaid = {tables[name].get("overlays") for name in matching}
     tops = [name for name in matching if name not in overlaid]
     if not tops and matching:
@@ -126,8 +126,8 @@ def load_tuned_table(device_name: str, directory: Path = _TUNED_DIR) -> tuple[st
                          f"or their `applies_to` must not overlap")
     chain = [tops[0]]
     while (below := tables[chain[-1]].get("overlays")) is not None:
-        if below not in tables or below in chain:  # (a missing table or a cycle below: those need not match the GPU)
-            raise ValueError(f"{chain[-1]}: `overlays` must name another tuned table in {directory}, got {below!r}")
+        if below in chain:  # a cycle below the top (tables there need not match the GPU)
+            raise ValueError(f"tuned tables {chain} overlay one another in a cycle")
         for key in ("group_size", "sm_count"):
             if tables[below].get(key) != tables[chain[0]].get(key):
                 raise ValueError(f"{chain[0]} overlays {below}: their {key} must agree, got "
@@ -398,15 +398,15 @@ def _plan_cached(mb: int, n: int, k: int, group_size: int, dtype: torch.dtype, d
     tuned = load_tuned_table(name)
     plan, near, refused = None, None, ""
     if tuned is not None:
-        file, table, by_format, table_sm_count = tuned
+        _, table, by_format, table_sm_count = tuned
         fmt = format_key(dtype, group_size, symmetric, act_order)
         row = tuned_row(table, by_format, mb, n, k, fmt)
-        source = f"tuned:{row.get('table', file)}" if row is not None else ""
         if row is None and (near := nearest_tuned_shape(table, n, k, mb)) is not None:
             n0, k0 = near
             # (per-channel formats are keyed by their group size, K: the near shape's own K)
             row = tuned_row(table, by_format, mb, n0, k0, (fmt[0], k0, *fmt[2:]) if group_size == k else fmt)
-            source = f"nearest:{row.get('table', file) if row is not None else file} {n0}x{k0}"
+        # (every row names its file: load_tuned_table)
+        source = "" if row is None else f"tuned:{row['table']}" if near is None else f"nearest:{row['table']} {near[0]}x{near[1]}"
         gluon_ok = {"decode": decode_available(device), "pingpong": pingpong_available(device)}
         runnable = None if row is None else runnable_row(row, gluon_ok)
         if runnable is not None and not takes_shape(runnable, n, k):
