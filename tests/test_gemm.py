@@ -742,6 +742,11 @@ def test_dispatch_plans(w4a16):
     assert [dispatch.m_bucket(m) for m in (1, 3, 33, 5000)] == [1, 4, 64, 4096]
     file, table, by_format, table_sm_count = dispatch.load_tuned_table("NVIDIA H200")
     assert file == "tuned_nvidia_h200.json" and table_sm_count == 132
+    # the H100 runs its own prefill entries over the H200's table (decode buckets come from the H200's)
+    file, h100_table, _, _ = dispatch.load_tuned_table("NVIDIA H100 80GB HBM3")
+    assert file == "tuned_nvidia_h100.json"
+    tables_by_m = {row["M"]: row["table"] for row in h100_table[(4096, 4096)]}
+    assert tables_by_m[256] == "tuned_nvidia_h100.json" and tables_by_m[1] == "tuned_nvidia_h200.json"
     # format-specific entries win for their exact M bucket; other buckets and formats use the base rows
     base_rows = [{"M": 1, "path": "splitk"}, {"M": 16, "path": "tiled"}]
     bf16 = dispatch.format_key(torch.bfloat16, 128, False)
@@ -1037,10 +1042,11 @@ def test_stream_k_form_of_a_borrowed_pingpong_plan(w4a16):
 
 
 def test_stream_k_programs_follow_the_sm_count(w4a16, monkeypatch):
-    """A tuned Stream-K entry keeps its programs per SM on a GPU of the same family with fewer SMs (the H200
-    table applies to the H100 PCIe, 114 SMs): 396 programs on 132 SMs become 342 on 114, so the persistent
-    grid stays resident; split-K and tiled entries are taken as they are. (Planned for a CPU device named as the GPU:
-    where the Gluon decode kernel cannot run, the M = 1 entry's FALLBACK, a Stream-K plan.)"""
+    """A tuned Stream-K entry keeps its programs per SM on a GPU of the same family with fewer SMs (the H100
+    tables, measured on the 132-SM SXM, apply to the H100 PCIe, 114 SMs): 396 programs on 132 SMs become 342
+    on 114, so the persistent grid stays resident; split-K and tiled entries are taken as they are. (Planned for
+    a CPU device named as the GPU: where the Gluon decode kernel cannot run, the M = 1 entry's FALLBACK, a
+    Stream-K plan.)"""
     dispatch = w4a16.dispatch
     assert dispatch.programs_for_device(396, 132, 132) == 396
     assert dispatch.programs_for_device(396, 132, 114) == 342 and dispatch.programs_for_device(264, 132, 114) == 228
@@ -1048,7 +1054,7 @@ def test_stream_k_programs_follow_the_sm_count(w4a16, monkeypatch):
     plan_on = dispatch._plan_cached.__wrapped__  # the memoised function itself, for a device it cannot see
     cpu = torch.device("cpu")
     plans = {}
-    for name, sms in (("NVIDIA H200", 132), ("NVIDIA H100 PCIe", 114)):
+    for name, sms in (("NVIDIA H100 80GB HBM3", 132), ("NVIDIA H100 PCIe", 114)):
         monkeypatch.setattr(dispatch, "_device_info", lambda device, name=name, sms=sms: (name, sms))
         plans[sms] = [plan_on(m, 57344, 8192, 128, torch.float16, cpu, False, False) for m in (1, 128)]
     assert plans[132][0].path == "streamk" and plans[132][0].config["PROGRAMS"] % 132 == 0
