@@ -469,8 +469,8 @@ def write_table(args, info, group_size, sm_count, entries, log, applies_to: list
     """Written after every entry, so a run cut short still leaves what it measured."""
     table = {
         "about": ("Fastest measured path and launch configuration per (N, K, M bucket); regenerate with benchmarks/tune.py. "
-                  "`tuned_at`: the commit of the tree an entry was measured on (entries without it predate the field; "
-                  "their searches are in benchmarks/results/logs/h200_tune_*)."),
+                  "`tuned_at`: the commit of the tree an entry was measured on (entries without it predate the field); "
+                  "the searches' logs are benchmarks/results/logs/<gpu>_tune_*."),
         "applies_to": applies_to,
         **({"overlays": overlays} if overlays else {}),
         "measured_on": info,
