@@ -681,6 +681,8 @@ def test_bad_inputs_raise_clear_errors(w4a16, device):
         w4a16.w4a16_linear(torch.randn(2, 256).half(), weight, path="fast")
     with pytest.raises(TypeError, match="symmetric must be True or False, got 'yes'"):
         w4a16.quantize_weight_int4_grouped(w, 128, symmetric="yes")
+    with pytest.raises(ValueError, match="weight is on the meta device: it has no values to quantize"):
+        w4a16.quantize_weight_int4_grouped(w.to("meta"), 128)
     for bad_m in (-1, 1.5, True):
         with pytest.raises(ValueError, match=r"m \(the call's tokens.*\) must be an int >= 0"):
             w4a16.plan_for(weight, bad_m)

@@ -398,6 +398,8 @@ def test_convert_to_w4a16(w4a16, device):
 
     with pytest.raises(ValueError, match="group_size"):
         layers.convert_to_w4a16(model, group_size=100)
+    with pytest.raises(ValueError, match=r"linear.weight is on the meta device: .* load a quantized state_dict"):
+        layers.W4A16Linear.from_linear(nn.Linear(128, 64, device="meta"))
     with pytest.raises(TypeError, match="symmetric must be True or False, got 1"):
         layers.convert_to_w4a16(model, symmetric=1)
 

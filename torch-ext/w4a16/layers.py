@@ -229,6 +229,9 @@ class W4A16Linear(nn.Module):
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
         w = linear.weight.detach()
+        if w.device.type == "meta":  # (a model built empty: make W4A16Linear(...) and load its state_dict instead)
+            raise ValueError("linear.weight is on the meta device: from_linear quantizes the weight's values; build "
+                             "W4A16Linear(in_features, out_features, ...) and load a quantized state_dict instead")
         if dtype is None:
             dtype = w.dtype if w.dtype in _HALF_DTYPES else torch.float16
         elif dtype not in _HALF_DTYPES:

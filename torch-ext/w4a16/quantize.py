@@ -132,6 +132,8 @@ def quantize_weight_int4_grouped(
         raise ValueError(f"weight must be 2-D [K, N] (in_features, out_features), got shape {tuple(weight.shape)}")
     if weight.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"weight must be float16, bfloat16 or float32, got {weight.dtype}")
+    if weight.device.type == "meta":
+        raise ValueError("weight is on the meta device: it has no values to quantize")
     check_flag("symmetric", symmetric)
     k, n = weight.shape
     g = validate_group_size(group_size, k)
