@@ -745,10 +745,13 @@ def test_dispatch_plans(w4a16):
     file, table, by_format, table_sm_count = dispatch.load_tuned_table("NVIDIA H200")
     assert file == "tuned_nvidia_h200.json" and table_sm_count == 132
     # the H100 runs its own prefill entries over the H200's table (decode buckets come from the H200's)
-    file, h100_table, _, _ = dispatch.load_tuned_table("NVIDIA H100 80GB HBM3")
+    file, h100_table, h100_by_format, _ = dispatch.load_tuned_table("NVIDIA H100 80GB HBM3")
     assert file == "tuned_nvidia_h100.json"
     tables_by_m = {row["M"]: row["table"] for row in h100_table[(4096, 4096)]}
     assert tables_by_m[256] == "tuned_nvidia_h100.json" and tables_by_m[1] == "tuned_nvidia_h200.json"
+    # and its own entries for the other formats there too (a format's entry outranks the base's at its bucket)
+    symmetric_rows = h100_by_format[(4096, 4096, dispatch.format_key(torch.float16, 128, True))]
+    assert symmetric_rows[256]["table"] == "tuned_nvidia_h100.json" and symmetric_rows[1]["table"] == "tuned_nvidia_h200.json"
     # format-specific entries win for their exact M bucket; other buckets and formats use the base rows
     base_rows = [{"M": 1, "path": "splitk"}, {"M": 16, "path": "tiled"}]
     bf16 = dispatch.format_key(torch.bfloat16, 128, False)
