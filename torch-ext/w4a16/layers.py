@@ -229,7 +229,7 @@ class W4A16Linear(nn.Module):
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
         w = linear.weight.detach()
-        if w.device.type == "meta":  # (a model built empty: make W4A16Linear(...) and load its state_dict instead)
+        if w.device.type == "meta":
             raise ValueError("linear.weight is on the meta device: from_linear quantizes the weight's values; build "
                              "W4A16Linear(in_features, out_features, ...) and load a quantized state_dict instead")
         if dtype is None:
