@@ -16,6 +16,8 @@ exactly those M buckets; every other format and bucket uses the base entries.
 
 time far fewer candidates per entry (the current plan with one option changed; the current and neighbouring
 plans; the current plan with each set of entries replaced): re-checks after a kernel change, and probes.
+`--incumbents-only --unlike-base-only --variant V` re-checks only V's entries whose plan differs from the base
+format's, the ones a re-tune of the base left behind.
 """
 
 from __future__ import annotations
@@ -276,6 +278,11 @@ def with_incumbent(plan, pairs, neighbours=()):
             yield pair
 
 
+def same_plan(plan, other) -> bool:
+    """Whether two dispatcher plans launch the same kernel with the same configuration."""
+    return (plan.path, dict(plan.config)) == (other.path, dict(other.config))
+
+
 def neighbour_buckets(m: int) -> list[int]:
     """The M buckets next to m's (below and above) in M_BUCKETS."""
     if m not in M_BUCKETS:
@@ -354,6 +361,9 @@ def main() -> None:
     narrowed.add_argument("--incumbents-only", action="store_true",
                     help="time only the current plan, the neighbouring M buckets' plans and (a format other than the base) "
                          "the base format's plan for the same shape and M: a cheap check of stale entries")
+    ap.add_argument("--unlike-base-only", action="store_true",
+                    help="with --incumbents-only, a format other than the base: skip entries whose plan already is the base "
+                         "format's for the same shape and M (after a base re-tune, only the entries it left behind)")
     ap.add_argument("--decode-plans", default="",
                     help="time these decode plans instead of the default set: ';'-separated KEY=INT,... configs, e.g. "
                          "'num_warps=4,ROWS=16,AHEAD=1;num_warps=8,ROWS=32,AHEAD=1,maxnreg=128'")
@@ -363,6 +373,8 @@ def main() -> None:
     ap.add_argument("--margin", type=float, default=0.02,
                     help="fraction by which a confirmed candidate's median must beat the current plan's (default 0.02)")
     args = ap.parse_args()
+    if args.unlike_base_only and not (args.incumbents_only and args.variant != "base"):
+        ap.error("--unlike-base-only needs --incumbents-only and a --variant other than base")
 
     kernel = timing.load_kernel()
     info = timing.machine_info()
@@ -402,7 +414,10 @@ def main() -> None:
             current = kernel.plan_for(w0, m, dtype)
             neighbours = [kernel.plan_for(w0, mm, dtype) for mm in neighbour_buckets(m)]
             if args.variant != "base":  # a format can always run the base format's plan (v17: stale symmetric entries)
-                neighbours.append(kernel.dispatch.plan_gemm(m, n, k, table_group_size, torch.float16, w0.qweight.device))
+                base_plan = kernel.dispatch.plan_gemm(m, n, k, table_group_size, torch.float16, w0.qweight.device)
+                if args.unlike_base_only and same_plan(current, base_plan):
+                    continue
+                neighbours.append(base_plan)
             searched = () if args.incumbents_only else (
                 pair for pair in candidates(m, n, k, sm_count, regs_per_sm, decode_plans) if not paths or pair[0] in paths)
             if try_sets:  # the current plan with each set of entries replaced

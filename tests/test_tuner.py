@@ -196,6 +196,23 @@ def test_search_times_the_neighbouring_buckets_plans(w4a16):
     assert list(tune.with_incumbent(reference, iter(streamk), [reference])) == streamk
 
 
+def test_unlike_base_only_compares_whole_plans_and_needs_a_format_check(w4a16, monkeypatch, capsys):
+    """--unlike-base-only skips a format's entry only when its plan is the base's exactly (path and every config entry),
+    and is refused outside --incumbents-only for a format other than the base (before any GPU work)."""
+    tune = _tune_module()
+    cpu = torch.device("cpu")
+    plan = lambda path, config: w4a16.dispatch.plan_gemm(256, 4096, 4096, 128, torch.float16, cpu, path=path, config=config)  # noqa: E731
+    pingpong = {"BLOCK_M": 128, "SPLIT_K": 2, "num_stages": 3}
+    assert tune.same_plan(plan("pingpong", pingpong), plan("pingpong", dict(pingpong)))
+    assert not tune.same_plan(plan("pingpong", pingpong), plan("pingpong", {**pingpong, "WORDS_TMA": True}))
+    assert not tune.same_plan(plan("pingpong", pingpong), plan("dense", {}))
+    for argv in (["--unlike-base-only", "--variant", "sym"], ["--unlike-base-only", "--incumbents-only"]):
+        monkeypatch.setattr(sys, "argv", ["tune.py", *argv])
+        with pytest.raises(SystemExit):
+            tune.main()
+        assert "--unlike-base-only needs --incumbents-only and a --variant other than base" in capsys.readouterr().err
+
+
 @pytest.mark.kernels_ci
 @pytest.mark.parametrize("m,k,variant", [(1, 4096, "base"), (16, 14336, "base"), (16, 4096, "act_order"), (128, 4096, "bf16"),
                                          (4096, 4096, "base")])
