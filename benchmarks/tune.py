@@ -407,17 +407,18 @@ def main() -> None:
         copies = timing.copies_needed(timing.w4_bytes(n, k, 1, group_size, symmetric))
         weights = timing.random_w4_weights(kernel, n, k, group_size, copies, symmetric, act_order, dtype)
         for m in ms:
-            x = torch.randn(m, k, device="cuda", dtype=dtype)
             w0 = weights[0]
-            reference = kernel.matmul.w4a16_matmul(x, w0.qweight, w0.scales, w0.zeros, w0.perm, k, g, path="dense").float()
-            best = best_other = None
             current = kernel.plan_for(w0, m, dtype)
             neighbours = [kernel.plan_for(w0, mm, dtype) for mm in neighbour_buckets(m)]
             if args.variant != "base":  # a format can always run the base format's plan (v17: stale symmetric entries)
                 base_plan = kernel.dispatch.plan_gemm(m, n, k, table_group_size, torch.float16, w0.qweight.device)
                 if args.unlike_base_only and same_plan(current, base_plan):
+                    print(f"{shape['name']:12s} {args.variant:5s} M={m:5d} skipped: its plan is the base's", flush=True)
                     continue
                 neighbours.append(base_plan)
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            reference = kernel.matmul.w4a16_matmul(x, w0.qweight, w0.scales, w0.zeros, w0.perm, k, g, path="dense").float()
+            best = best_other = None
             searched = () if args.incumbents_only else (
                 pair for pair in candidates(m, n, k, sm_count, regs_per_sm, decode_plans) if not paths or pair[0] in paths)
             if try_sets:  # the current plan with each set of entries replaced
