@@ -259,6 +259,12 @@ def confirmed(time_pair, incumbent: tuple, best: tuple, rounds: int, margin: flo
     return (incumbent_us, *incumbent[1:]), extra
 
 
+def plan_pair(plan) -> tuple[str, dict]:
+    """A dispatcher plan as the (path, config) pair the tuner times and writes: equal pairs launch the same kernel with
+    the same configuration, whatever table or format the plans came from."""
+    return plan.path, dict(plan.config)
+
+
 def with_incumbent(plan, pairs, neighbours=()):
     """The dispatcher's current plan for the call, then other plans worth timing against it (`neighbours`: the
     plans of the neighbouring M buckets, or another table's plan for --compare-table), then `pairs` (a search's
@@ -269,18 +275,13 @@ def with_incumbent(plan, pairs, neighbours=()):
     Stream-K plan, 91.6 us, because the tiled fold that won at M = 2 and 8, 81 us, was never timed)."""
     seen = []
     for candidate in ([plan] if plan.path != "reference" else []) + [p for p in neighbours if p.path != "reference"]:
-        pair = (candidate.path, dict(candidate.config))
+        pair = plan_pair(candidate)
         if pair not in seen:
             seen.append(pair)
             yield pair
     for pair in pairs:
         if pair not in seen:
             yield pair
-
-
-def same_plan(plan, other) -> bool:
-    """Whether two dispatcher plans launch the same kernel with the same configuration."""
-    return (plan.path, dict(plan.config)) == (other.path, dict(other.config))
 
 
 def neighbour_buckets(m: int) -> list[int]:
@@ -412,7 +413,7 @@ def main() -> None:
             neighbours = [kernel.plan_for(w0, mm, dtype) for mm in neighbour_buckets(m)]
             if args.variant != "base":  # a format can always run the base format's plan (v17: stale symmetric entries)
                 base_plan = kernel.dispatch.plan_gemm(m, n, k, table_group_size, torch.float16, w0.qweight.device)
-                if args.unlike_base_only and same_plan(current, base_plan):
+                if args.unlike_base_only and plan_pair(current) == plan_pair(base_plan):
                     print(f"{shape['name']:12s} {args.variant:5s} M={m:5d} skipped: its plan is the base's", flush=True)
                     continue
                 neighbours.append(base_plan)
@@ -439,7 +440,7 @@ def main() -> None:
                     continue
                 log.append({"shape": shape["name"], "M": m, **fmt, "path": path, "config": config, "us": us})
                 timed = (us, path, config)
-                if (path, config) == (current.path, dict(current.config)):
+                if (path, config) == plan_pair(current):
                     incumbent = timed
                 if best is None or us < best[0]:
                     best = timed

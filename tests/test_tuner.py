@@ -203,9 +203,9 @@ def test_unlike_base_only_compares_whole_plans_and_needs_a_format_check(w4a16, m
     cpu = torch.device("cpu")
     plan = lambda path, config: w4a16.dispatch.plan_gemm(256, 4096, 4096, 128, torch.float16, cpu, path=path, config=config)  # noqa: E731
     pingpong = {"BLOCK_M": 128, "SPLIT_K": 2, "num_stages": 3}
-    assert tune.same_plan(plan("pingpong", pingpong), plan("pingpong", dict(pingpong)))
-    assert not tune.same_plan(plan("pingpong", pingpong), plan("pingpong", {**pingpong, "WORDS_TMA": True}))
-    assert not tune.same_plan(plan("pingpong", pingpong), plan("dense", {}))
+    assert tune.plan_pair(plan("pingpong", pingpong)) == tune.plan_pair(plan("pingpong", dict(pingpong))) == ("pingpong", pingpong)
+    assert tune.plan_pair(plan("pingpong", pingpong)) != tune.plan_pair(plan("pingpong", {**pingpong, "WORDS_TMA": True}))
+    assert tune.plan_pair(plan("pingpong", pingpong)) != tune.plan_pair(plan("dense", {}))
     for argv in (["--unlike-base-only", "--variant", "sym"], ["--unlike-base-only", "--incumbents-only"]):
         monkeypatch.setattr(sys, "argv", ["tune.py", *argv])
         with pytest.raises(SystemExit):
