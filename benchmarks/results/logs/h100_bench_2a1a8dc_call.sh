@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# one device call (session 52; benchmarks/NOTES.md "Next GPU session"): branch on the GPU that came.
-# H200: the formats' entries at M = 128..1024 whose plan differs from the base's re-checked against their
-#       neighbours and the base's plan (tune.py --incumbents-only --unlike-base-only), then base + formats benched
-#       in one run at M = 128..1024.
-# H100: base + formats at M = 128..1024 in one run, into h100.json (the base's rows there were re-benched alone
-#       after the H100 base re-tune of this session; this puts the formats' rows in the same run again).
+# Session 52's device calls (NOTES v58), each named kind nvidia-h200, carry [".whl", ".ab"], this file as .ab/call.sh.
+# Every start was an H100, so only the H100 branch ever ran:
+#   call 1 (5490efe): H100 branch = STEPS="bench" BENCH_OUT=benchmarks/results/h100.json BENCH_M=1,2,4,8,16,32
+#                     BENCH_VARIANTS=base,sym,g64,act_order,bf16,pc
+#   call 2 (warm, 5490efe, a plain gpu_session.sh call): STEPS="tune bench" TUNE_TABLE=torch-ext/w4a16/tuned_nvidia_h100.json
+#                     TUNE_SPECS="base:256,512,1024" TUNE_TIMEOUT=380 BENCH_OUT=benchmarks/results/h100.json BENCH_M=256,512,1024
+#   call 3 (2a1a8dc): H100 branch = STEPS="bench" BENCH_OUT=benchmarks/results/h100.json BENCH_M=128,256,512,1024
+#                     BENCH_VARIANTS=base,sym,g64,act_order,bf16,pc
+#   call 4 / 5: no machine
+#   call 6 (cb9e250): the H100 branch below (the GPU suite)
+# The H200 branch is the owed step of NOTES "Next GPU session", shrunk to three formats to fit the device time left.
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "GPU: $name"
 case "$name" in
-  *H100*) STEPS="bench" BENCH_OUT=benchmarks/results/h100.json BENCH_M=128,256,512,1024 \
-          BENCH_VARIANTS=base,sym,g64,act_order,bf16,pc BENCH_TIMEOUT=400 bash scripts/gpu_session.sh ;;
+  *H100*) STEPS="tests" TESTS_TIMEOUT=420 TESTS_ARGS="-n 12 -p xdist tests/" bash scripts/gpu_session.sh ;;
   *) STEPS="tune bench" TUNE_TABLE_ARGS="--incumbents-only --unlike-base-only" \
-     TUNE_SPECS="sym:128,256,512,1024 g64:128,256,512,1024 act_order:128,256,512,1024 bf16:128,256,512,1024 pc:128,256,512,1024" \
-     TUNE_TIMEOUT=80 BENCH_M=128,256,512,1024 BENCH_VARIANTS=base,sym,g64,act_order,bf16,pc BENCH_TIMEOUT=190 \
+     TUNE_SPECS="sym:128,256,512,1024 g64:128,256,512,1024 act_order:128,256,512,1024" \
+     TUNE_TIMEOUT=70 BENCH_M=128,256,512,1024 BENCH_VARIANTS=base,sym,g64,act_order,bf16,pc BENCH_TIMEOUT=190 \
      bash scripts/gpu_session.sh ;;
 esac
