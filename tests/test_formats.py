@@ -333,3 +333,140 @@ def test_compressed_tensors_cannot_infer_group_size(w4a16):
     ckpt["weight_scale"] = torch.ones(20, 3, dtype=torch.float16)
     with pytest.raises(ValueError, match="group_size"):
         w4a16.import_compressed_tensors(**ckpt)
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole checkpoints: convert_checkpoint_to_w4a16
+# ---------------------------------------------------------------------------------------------
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q_proj = torch.nn.Linear(256, 64, bias=True)
+        self.o_proj = torch.nn.Linear(64, 40, bias=False)
+
+
+class _TinyCausalLM(torch.nn.Module):
+    """Module names like a Hugging Face decoder's: model.layers.<i>.self_attn.<proj>, lm_head."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.layers = torch.nn.ModuleList([torch.nn.Module()])
+        self.model.layers[0].self_attn = _Attention()
+        self.lm_head = torch.nn.Linear(40, 24, bias=False)
+
+
+# (module name, K, N): the quantized layers of _TinyCausalLM
+_QUANTIZED = (("model.layers.0.self_attn.q_proj", 256, 64), ("model.layers.0.self_attn.o_proj", 64, 40))
+
+
+def _checkpoint_of(gen, checkpoint_format, g, key_prefix="", dtype=torch.float16):
+    """A whole checkpoint of _TinyCausalLM's quantized layers (the encoders above) with q_proj's bias and the float
+    lm_head in `dtype` (the scales are fp16, as GPTQ and AWQ store them for bf16 models too), and each layer's float64
+    reference weight [K, N]."""
+    state_dict, refs = {}, {}
+    for name, k, n in _QUANTIZED:
+        if checkpoint_format in ("gptq-v1-act-order", "gptq-v2-symmetric"):
+            convention, rest = checkpoint_format.split("-")[1], checkpoint_format.split("-")[2:]
+            tensors, ref = _gptq_checkpoint(gen, k, n, g, convention, symmetric=rest == ["symmetric"],
+                                            act_order=rest == ["act", "order"])
+            if tensors["g_idx"] is None:  # GPTQ checkpoints carry g_idx also without act-order (the trivial one)
+                tensors["g_idx"] = _groups(k, g).to(torch.int32)
+        elif checkpoint_format == "awq":
+            tensors, ref = _awq_checkpoint(gen, k, n, g)
+        else:
+            tensors, ref = _ct_checkpoint(gen, k, n, g, with_zero_point=checkpoint_format == "ct-zero-point")
+            tensors["weight_shape"] = torch.tensor([n, k])
+        state_dict.update({f"{key_prefix}{name}.{t}": v for t, v in tensors.items() if v is not None})
+        refs[name] = ref
+    state_dict[f"{key_prefix}model.layers.0.self_attn.q_proj.bias"] = (torch.randn(64, generator=gen) * 0.1).to(dtype)
+    state_dict[f"{key_prefix}lm_head.weight"] = torch.randn(24, 40, generator=gen).to(dtype)
+    return state_dict, refs
+
+
+_CHECKPOINT_CASES = {  # test format -> (checkpoint_format, importer options)
+    "gptq-v1-act-order": ("gptq", dict(group_size=32, zero_convention="v1")),
+    "gptq-v2-symmetric": ("gptq", dict(group_size=32, zero_convention="v2", symmetric=True)),
+    "awq": ("awq", dict(group_size=32)),
+    "ct-zero-point": ("compressed-tensors", {}),
+    "ct-symmetric": ("compressed-tensors", dict(group_size=32)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_CHECKPOINT_CASES))
+@pytest.mark.parametrize("on_meta", [False, True])
+def test_convert_checkpoint_to_w4a16(w4a16, case, on_meta):
+    """Every quantized Linear of a checkpoint is replaced by a layer that dequantizes exactly to the encoded weight and
+    computes x W + b against a float64 reference; the float LM head is left alone and reported skipped."""
+    checkpoint_format, options = _CHECKPOINT_CASES[case]
+    gen = torch.Generator().manual_seed(41 + sorted(_CHECKPOINT_CASES).index(case))
+    dtype = torch.bfloat16 if on_meta else torch.float16  # a bf16 model takes the checkpoint's fp16 scales as they are
+    state_dict, refs = _checkpoint_of(gen, case, 32, key_prefix="base.", dtype=dtype)
+    with torch.device("meta" if on_meta else "cpu"):
+        model = _TinyCausalLM().to(dtype)
+    summary = w4a16.convert_checkpoint_to_w4a16(model, state_dict, checkpoint_format, prefix="base.", **options)
+    assert summary.converted == [name for name, _, _ in _QUANTIZED]
+    assert list(summary.skipped) == ["lm_head"] and "not quantized" in summary.skipped["lm_head"]
+    assert isinstance(model.lm_head, torch.nn.Linear)
+    # the rest of the checkpoint is the float weights: it loads into the model as they are
+    assert sorted(summary.checkpoint_keys) == sorted(k for k in state_dict if k != "base.lm_head.weight")
+    rest = {k[len("base."):]: v for k, v in state_dict.items() if k not in summary.checkpoint_keys}
+    model.load_state_dict(rest, strict=False, assign=True)
+    assert torch.equal(model.lm_head.weight, state_dict["base.lm_head.weight"])
+    assert summary.bytes_before == (256 * 64 + 64 * 40) * 2 and 0 < summary.bytes_after < summary.bytes_before
+    for name, k, n in _QUANTIZED:
+        layer = model.get_submodule(name)
+        assert isinstance(layer, w4a16.W4A16Linear)
+        _assert_exact(layer.weight_view(), refs[name], k, n)
+        bias = state_dict.get(f"base.{name}.bias")
+        assert (layer.bias is None) == (bias is None)
+        assert layer.bias is None or layer.bias.dtype == dtype
+        x = torch.randn(3, k, generator=gen).to(dtype)
+        expected = x.double() @ refs[name] + (0 if bias is None else bias.double())
+        y = layer(x)
+        assert y.dtype == dtype
+        torch.testing.assert_close(y.double(), expected, rtol=2e-2, atol=2e-2 * expected.abs().max().item())
+    assert model.model.layers[0].self_attn.q_proj.weight_view().act_order == (case == "gptq-v1-act-order")
+
+
+def test_convert_checkpoint_to_w4a16_errors_name_the_layer_and_change_nothing(w4a16):
+    gen = torch.Generator().manual_seed(51)
+    good, _ = _checkpoint_of(gen, "awq", 32)
+    q_key = "model.layers.0.self_attn.q_proj"
+
+    def fails(state_dict, exc, match, **kwargs):
+        model = _TinyCausalLM().half()
+        options = {"group_size": 32, **kwargs}
+        with pytest.raises(exc, match=match):
+            w4a16.convert_checkpoint_to_w4a16(model, state_dict, options.pop("checkpoint_format", "awq"), **options)
+        # every layer is imported before any is replaced: an error leaves the model as it was
+        assert all(type(m) is torch.nn.Linear for m in (model.model.layers[0].self_attn.q_proj, model.lm_head,
+                                                        model.model.layers[0].self_attn.o_proj))
+
+    fails({k: v for k, v in good.items() if not k.endswith("o_proj.scales")}, ValueError,
+          "o_proj.qweight but no model.layers.0.self_attn.o_proj.scales")
+    fails({"x." + k: v for k, v in good.items()}, ValueError, "no nn.Linear .*x.model.layers.0.self_attn.o_proj")
+    fails({**good, f"{q_key}.scales": good[f"{q_key}.scales"].int()}, TypeError, f"^{q_key}: scales")
+    swapped = {**good, **{f"{q_key}.{t}": good[f"model.layers.0.self_attn.o_proj.{t}"] for t in ("qweight", "qzeros", "scales")}}
+    fails(swapped, ValueError, f"{q_key}: the checkpoint's layer has in_features=64, out_features=40; the model's")
+    fails(good, ValueError, "checkpoint_format must be one of", checkpoint_format="gguf")
+    fails(good, ValueError, "group_size is required", group_size=None)
+    fails(good, ValueError, "zero_convention applies to GPTQ", zero_convention="v1")
+    fails(good, ValueError, "symmetric=True applies to GPTQ", symmetric=True)
+    fails(good, ValueError, "zero_convention must be 'v1'", checkpoint_format="gptq")
+    fails(good, TypeError, "prefix must be a str", prefix=None)
+    fails(list(good), TypeError, "state_dict must be a mapping")
+
+    # a meta model's biased Linear needs its bias in the checkpoint
+    with torch.device("meta"):
+        model = _TinyCausalLM().half()
+    with pytest.raises(ValueError, match=f"{q_key}.bias is not in state_dict and .* meta device"):
+        w4a16.convert_checkpoint_to_w4a16(model, {k: v for k, v in good.items() if k != f"{q_key}.bias"}, "awq",
+                                          group_size=32)
+    # a second call with the same checkpoint finds the layers converted: nothing to do, no error
+    model = _TinyCausalLM().half()
+    assert len(w4a16.convert_checkpoint_to_w4a16(model, good, "awq", group_size=32).converted) == 2
+    again = w4a16.convert_checkpoint_to_w4a16(model, good, "awq", group_size=32)
+    assert again.converted == [] and list(again.skipped) == ["lm_head"]

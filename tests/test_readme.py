@@ -46,15 +46,28 @@ class MyModel(nn.Module):
         return self.lm_head(self.down(torch.relu(self.up(x))))
 
 
+def gptq_state_dict_of_my_model(gen) -> tuple[dict, dict]:
+    """A GPTQ (v1, group 128) checkpoint of MyModel: its up and down layers quantized (test_formats' encoder), up's
+    bias and the float lm_head as they would be stored; and each quantized layer's float64 weight [K, N]."""
+    state_dict, refs = {}, {}
+    for name, k, n in (("up", K, 2 * K), ("down", 2 * K, K)):
+        tensors, refs[name] = _gptq_checkpoint(gen, k, n, 128, "v1")
+        state_dict.update({f"{name}.{t}": v for t, v in tensors.items() if v is not None})
+    state_dict["up.bias"] = (torch.randn(2 * K, generator=gen) * 0.1).half()
+    state_dict["lm_head.weight"] = (torch.randn(100, K, generator=gen) * 0.05).half()
+    return state_dict, refs
+
+
 def test_readme_quickstart_runs(w4a16, device):
     blocks = quickstart_blocks()
-    assert len(blocks) == 3, "README's quickstart: the model, the PDL lines, one layer"
+    assert len(blocks) == 4, "README's quickstart: the model, the PDL lines, one layer, a whole checkpoint"
     assert 'get_kernel("w4a16-kernels/w4a16", version=1)' in blocks[0]
     torch.manual_seed(0)
     ckpt, gptq_ref = _gptq_checkpoint(torch.Generator().manual_seed(1), K, N, 128, "v1", act_order=True)
     x = torch.randn(2, K, device=device, dtype=torch.float16)
+    state_dict, state_dict_refs = gptq_state_dict_of_my_model(torch.Generator().manual_seed(2))
     names = dict(MyModel=MyModel, x=x, w_ref=gptq_ref.t().to(device), print=lambda *a, **k: None,
-                 ckpt={key: value.to(device) for key, value in ckpt.items()})
+                 ckpt={key: value.to(device) for key, value in ckpt.items()}, state_dict=state_dict)
     import torch._inductor.config as inductor
     saved_pdl = inductor.triton.enable_pdl  # (the PDL block sets this process-wide setting: put it back)
     try:
@@ -68,8 +81,11 @@ def test_readme_quickstart_runs(w4a16, device):
         model = names["model"]
         assert all(type(m).__name__ == "W4A16Linear" and m.pdl for m in (model.up, model.down))  # (lm_head: the default skip)
         exec(compile(as_run_here(blocks[2], device), str(README), "exec"), names)
+        block_2_y = names["y"]
+        exec(compile(as_run_here(blocks[3], device), str(README), "exec"), names)
     finally:
         inductor.triton.enable_pdl = saved_pdl
+    names["y"] = block_2_y
     assert names["y"].shape == (2, N)
 
     # block 3: the quantized layer's output against x @ W in float64, W the block's float weight quantized here
@@ -83,3 +99,18 @@ def test_readme_quickstart_runs(w4a16, device):
     err = float((names["y"].double() - ref).norm() / ref.norm())
     assert err < TOL[torch.float16], err
     assert names["gptq"].act_order and (names["gptq"].in_features, names["gptq"].out_features) == (K, N)
+
+    # block 4: the checkpoint's quantized layers imported exactly, the float lm_head loaded, and the model's output
+    # against a float64 forward of the checkpoint's weights
+    model = names["model"]
+    assert [type(m).__name__ for m in (model.up, model.down, model.lm_head)] == ["W4A16Linear"] * 2 + ["Linear"]
+    assert names["summary"].converted == ["up", "down"] and list(names["summary"].skipped) == ["lm_head"]
+    for name, ref in state_dict_refs.items():
+        assert torch.equal(getattr(model, name).weight_view().dequantize().cpu(), ref)
+    assert model.lm_head.weight.device.type == torch.device(device).type
+    assert torch.equal(model.lm_head.weight.cpu(), state_dict["lm_head.weight"])
+    up = x.double() @ state_dict_refs["up"].to(device) + state_dict["up.bias"].to(device).double()
+    ref = torch.relu(up) @ state_dict_refs["down"].to(device) @ state_dict["lm_head.weight"].to(device).double().t()
+    with torch.no_grad():  # (lm_head's weight, loaded with assign=True, is a Parameter that requires grad)
+        err = float((model(x).double() - ref).norm() / ref.norm())
+    assert err < TOL[torch.float16], err

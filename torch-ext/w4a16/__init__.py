@@ -15,7 +15,7 @@ from .matmul import validate_gemm_inputs, w4a16_matmul
 from .layout import W4A16Weight, prepare_weight
 from .quantize import dequantize_int4_grouped, pack_int4_k_major, quantize_weight_int4_grouped, unpack_int4_k_major
 from . import layers
-from .layers import W4A16Linear, convert_to_w4a16
+from .layers import W4A16Linear, convert_checkpoint_to_w4a16, convert_to_w4a16
 
 
 @torch.library.custom_op(add_op_namespace_prefix("gemm"), mutates_args=())
@@ -63,4 +63,5 @@ __all__ = [
     "layers",
     "W4A16Linear",
     "convert_to_w4a16",
+    "convert_checkpoint_to_w4a16",
 ]

@@ -40,11 +40,12 @@ from dataclasses import replace as _dc_replace
 import torch
 from torch import nn
 
+from .formats import import_awq, import_compressed_tensors, import_gptq
 from .functional import linear_unchecked, plan_for
 from .layout import K_BLOCK, W4A16Weight, native_qweight_shape, prepare_weight, validate_permutation
 from .quantize import SYMMETRIC_ZERO, check_flag, is_int, quantize_weight_int4_grouped, validate_group_size
 
-__all__ = ["W4A16Linear", "W4A16LinearForward", "ConversionSummary", "convert_to_w4a16"]
+__all__ = ["W4A16Linear", "W4A16LinearForward", "ConversionSummary", "convert_to_w4a16", "convert_checkpoint_to_w4a16"]
 
 logger = logging.getLogger(__name__)
 
@@ -322,12 +323,16 @@ def _mib(nbytes: int) -> str:
 
 @dataclass
 class ConversionSummary:
-    """What `convert_to_w4a16` did: converted names, skipped names with the reason, weight bytes."""
+    """What `convert_to_w4a16` / `convert_checkpoint_to_w4a16` did: converted names, skipped names with the reason,
+    weight bytes (before: the converted Linears' float weights, counted from their shapes and dtypes)."""
 
     converted: list[str] = field(default_factory=list)  # qualified names of the replaced nn.Linear modules
     skipped: dict[str, str] = field(default_factory=dict)  # qualified name -> reason
     bytes_before: int = 0  # the converted layers' original weights
     bytes_after: int = 0  # their quantized weights (qweight + scales + zeros + perm)
+    # convert_checkpoint_to_w4a16: the state_dict keys of the converted layers (every `<layer key>.<tensor>`, read or
+    # not, e.g. g_idx), so the rest of the checkpoint can be loaded as the model's float weights
+    checkpoint_keys: list[str] = field(default_factory=list)
 
     @property
     def saved_bytes(self) -> int:
@@ -346,6 +351,28 @@ def _matching_pattern(name: str, patterns) -> str | None:
     """The first pattern equal to the qualified name, to one of its components, or to a dotted suffix."""
     parts = name.split(".")
     return next((p for p in patterns if name == p or p in parts or name.endswith("." + p)), None)
+
+
+def _linear_references(model: nn.Module) -> list[tuple[nn.Linear, list[str], list[tuple[nn.Module, str]]]]:
+    """Each `nn.Linear` below `model` once, in model order, with every qualified name it has and every reference
+    (parent module, attribute) to it: a shared Linear is replaced everywhere it is reachable."""
+    found: dict[int, tuple[nn.Linear, list, list]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        if name and isinstance(module, nn.Linear):
+            parent_name, _, attr = name.rpartition(".")
+            _, names, refs = found.setdefault(id(module), (module, [], []))
+            names.append(name)
+            refs.append((model.get_submodule(parent_name), attr))
+    return list(found.values())
+
+
+def _replace_linear(summary: "ConversionSummary", name: str, linear: nn.Linear, refs, layer: "W4A16Linear") -> None:
+    layer.train(linear.training)
+    for parent, attr in refs:
+        setattr(parent, attr, layer)
+    summary.converted.append(name)
+    summary.bytes_before += linear.weight.numel() * linear.weight.element_size()
+    summary.bytes_after += layer.weight_nbytes()
 
 
 def _check_group_size(group_size: int) -> None:
@@ -408,20 +435,9 @@ def convert_to_w4a16(
         summary.skipped[""] = "the root module cannot be replaced in place"
         return summary
 
-    # Every reference (parent, attribute) to each Linear, shared modules included, in model order.
-    refs: dict[int, list] = {}
-    names: dict[int, list] = {}
-    linears: dict[int, nn.Linear] = {}
-    for name, module in model.named_modules(remove_duplicate=False):
-        if name and isinstance(module, nn.Linear):
-            parent_name, _, attr = name.rpartition(".")
-            refs.setdefault(id(module), []).append((model.get_submodule(parent_name), attr))
-            names.setdefault(id(module), []).append(name)
-            linears[id(module)] = module
-
-    for key, linear in linears.items():
-        name = names[key][0]  # a shared Linear is reported under its first name
-        pattern = next(filter(None, (_matching_pattern(n, skip) for n in names[key])), None)
+    for linear, names, refs in _linear_references(model):
+        name = names[0]  # a shared Linear is reported under its first name
+        pattern = next(filter(None, (_matching_pattern(n, skip) for n in names)), None)
         if pattern is not None:
             summary.skipped[name] = f"matches skip pattern {pattern!r}"
             continue
@@ -430,10 +446,137 @@ def convert_to_w4a16(
             summary.skipped[name] = reason
             continue
         layer = W4A16Linear.from_linear(linear, group_size=group_size, symmetric=symmetric, dtype=dtype, pdl=pdl)
-        layer.train(linear.training)
-        for parent, attr in refs[key]:
-            setattr(parent, attr, layer)
-        summary.converted.append(name)
-        summary.bytes_before += linear.weight.numel() * linear.weight.element_size()
-        summary.bytes_after += layer.weight_nbytes()
+        _replace_linear(summary, name, linear, refs, layer)
+    return summary
+
+
+# Per checkpoint format: the tensor whose key `<module>.<name>` marks a Linear as quantized in the checkpoint.
+_CHECKPOINT_MARKERS = {"gptq": "qweight", "awq": "qweight", "compressed-tensors": "weight_packed"}
+
+
+def _import_checkpoint_layer(state_dict, key: str, checkpoint_format: str, group_size, zero_convention,
+                             symmetric: bool) -> W4A16Weight:
+    """One quantized layer's tensors (`<key>.<tensor>` in state_dict) through its format's importer."""
+    marker = _CHECKPOINT_MARKERS[checkpoint_format]
+
+    def tensor(name: str, required: bool = True):
+        t = state_dict.get(f"{key}.{name}")
+        if t is None and required:
+            raise ValueError(f"state_dict has {key}.{marker} but no {key}.{name} (a sharded checkpoint: pass the "
+                             f"tensors of all its shards in one dict)")
+        return t
+
+    try:
+        if checkpoint_format == "gptq":
+            return import_gptq(tensor("qweight"), tensor("qzeros", required=not symmetric), tensor("scales"),
+                               tensor("g_idx", required=False), group_size=group_size,
+                               zero_convention=zero_convention, symmetric=symmetric)
+        if checkpoint_format == "awq":
+            return import_awq(tensor("qweight"), tensor("qzeros"), tensor("scales"), group_size=group_size)
+        return import_compressed_tensors(tensor("weight_packed"), tensor("weight_scale"),
+                                         tensor("weight_zero_point", required=False), group_size=group_size,
+                                         weight_shape=tensor("weight_shape", required=False))
+    except (TypeError, ValueError) as e:  # the importers name their argument; say which layer it was
+        raise type(e)(f"{key}: {e}") from e
+
+
+def _check_checkpoint_options(checkpoint_format, group_size, zero_convention, symmetric) -> None:
+    if checkpoint_format not in _CHECKPOINT_MARKERS:
+        raise ValueError(f"checkpoint_format must be one of {sorted(_CHECKPOINT_MARKERS)}, got {checkpoint_format!r}")
+    check_flag("symmetric", symmetric)
+    if checkpoint_format in ("gptq", "awq") and group_size is None:
+        raise ValueError(f"group_size is required for a {checkpoint_format} checkpoint (its quantization config's "
+                         "group_size; -1 for per-channel)")
+    if checkpoint_format != "gptq":
+        if zero_convention is not None:
+            raise ValueError(f"zero_convention applies to GPTQ checkpoints only, got {zero_convention!r} for "
+                             f"{checkpoint_format}")
+        if symmetric:
+            raise ValueError(f"symmetric=True applies to GPTQ checkpoints only: {checkpoint_format}'s symmetry "
+                             "follows its tensors (AWQ is always asymmetric; compressed-tensors is symmetric where "
+                             "weight_zero_point is absent)")
+
+
+def convert_checkpoint_to_w4a16(
+    model: nn.Module,
+    state_dict,
+    checkpoint_format: str,
+    *,
+    group_size: int | None = None,
+    zero_convention: str | None = None,
+    symmetric: bool = False,
+    prefix: str = "",
+    dtype: torch.dtype | None = None,
+    pdl: bool = False,
+) -> ConversionSummary:
+    """Replace, in place, every `nn.Linear` of `model` that a GPTQ, AWQ or compressed-tensors checkpoint holds
+    quantized by a `W4A16Linear` imported from the checkpoint's tensors (the importers of `formats`).
+
+    `state_dict`: the checkpoint's tensors by key, every shard merged (one layer's tensors may sit in different
+    shards), e.g. `safetensors.torch.load_file(path)`. The Linear `name` is quantized when `state_dict` holds
+    `prefix + name + ".qweight"` (gptq, awq) or `".weight_packed"` (compressed-tensors); its bias comes from
+    `<key>.bias` when present, else from the Linear. `checkpoint_format`'s options come from the checkpoint's
+    quantization config: `group_size` (gptq, awq; -1 per-channel; compressed-tensors infers it per layer),
+    `zero_convention` (gptq: "v1" for checkpoint_format "gptq", "v2" for "gptq_v2") and `symmetric` (gptq's `sym`).
+    `dtype`: the activations' dtype, which the bias takes (default: each Linear's dtype if fp16/bf16, else the
+    scales'). `pdl`: every converted layer's `pdl`, as in `convert_to_w4a16`.
+
+    The model may be built on the meta device: a quantized Linear's values are never read (a meta Linear's bias must
+    then be in the checkpoint). Linears the checkpoint does not hold quantized (typically the LM head) are left
+    as they are and listed in `summary.skipped`; the float weights are the rest of the checkpoint, every key but
+    `summary.checkpoint_keys` (`model.load_state_dict(rest, strict=False, assign=True)` for a meta model). Every
+    layer is imported before any is replaced, so an error leaves the model as it was; it names the layer's key.
+    Quantized tensors that belong to no Linear of the model (a wrong `prefix`) are an error too.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not hasattr(state_dict, "keys") or not hasattr(state_dict, "get"):
+        raise TypeError(f"state_dict must be a mapping of tensor names to tensors, got {type(state_dict).__name__}")
+    _check_checkpoint_options(checkpoint_format, group_size, zero_convention, symmetric)
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str (prepended to module names to form the checkpoint's keys), got {prefix!r}")
+    if dtype is not None and dtype not in _HALF_DTYPES:
+        raise TypeError(f"dtype must be None, float16 or bfloat16, got {dtype}")
+    check_flag("pdl", pdl)
+    suffix = "." + _CHECKPOINT_MARKERS[checkpoint_format]
+    keys_of: dict[str, list[str]] = {}  # checkpoint module key -> its tensors' keys
+    for key in state_dict.keys():
+        if isinstance(key, str):
+            keys_of.setdefault(key.rpartition(".")[0], []).append(key)
+    quantized = {key[len(prefix):-len(suffix)] for key in state_dict.keys()
+                 if isinstance(key, str) and key.startswith(prefix) and key.endswith(suffix)}
+    linears = _linear_references(model)
+    known = {n for _, names, _ in linears for n in names}
+    known |= {n for n, m in model.named_modules() if isinstance(m, W4A16Linear)}  # converted by an earlier call
+    unmatched = sorted(quantized - known)
+    if unmatched:
+        raise ValueError(f"state_dict holds quantized layers for which the model has no nn.Linear (with prefix "
+                         f"{prefix!r}): {', '.join(prefix + n for n in unmatched[:5])}"
+                         f"{f' and {len(unmatched) - 5} more' if len(unmatched) > 5 else ''}; check `prefix`")
+
+    summary, imported = ConversionSummary(), []
+    for linear, names, refs in linears:
+        name = next((n for n in names if n in quantized), None)
+        if name is None:
+            summary.skipped[names[0]] = f"not quantized in the checkpoint (no {prefix}{names[0]}{suffix})"
+            continue
+        key = prefix + name
+        weight = _import_checkpoint_layer(state_dict, key, checkpoint_format, group_size, zero_convention, symmetric)
+        if (weight.in_features, weight.out_features) != (linear.in_features, linear.out_features):
+            raise ValueError(f"{key}: the checkpoint's layer has in_features={weight.in_features}, out_features="
+                             f"{weight.out_features}; the model's {name} has {linear.in_features}, {linear.out_features}")
+        bias = state_dict.get(f"{key}.bias")
+        if bias is None and linear.bias is not None:
+            if linear.bias.device.type == "meta":
+                raise ValueError(f"{key}.bias is not in state_dict and {name}.bias is on the meta device (no values)")
+            bias = linear.bias
+        layer_dtype = dtype or (linear.weight.dtype if linear.weight.dtype in _HALF_DTYPES else None)
+        try:
+            layer = W4A16Linear.from_weight(weight, bias, dtype=layer_dtype, pdl=pdl)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{key}: {e}") from e
+        imported.append((name, linear, refs, layer))
+    for name, linear, refs, layer in imported:
+        _replace_linear(summary, name, linear, refs, layer)
+        summary.checkpoint_keys += keys_of[prefix + name]
     return summary
