@@ -104,7 +104,7 @@ def _awq_checkpoint(gen, k, n, g, order=AWQ_ORDER):
     return ckpt, _reference(q, z, s, _groups(k, g))
 
 
-def _ct_checkpoint(gen, k, n, g, with_zero_point):
+def _ct_checkpoint(gen, k, n, g, with_zero_point, act_order=False):
     ng = 1 if g == -1 else k // g
     q, s = _codes(gen, k, n), _scales(gen, ng, n)
     z = _codes(gen, ng, n) if with_zero_point else torch.full((ng, n), 8, dtype=torch.int64)
@@ -113,7 +113,11 @@ def _ct_checkpoint(gen, k, n, g, with_zero_point):
         weight_scale=s.t().contiguous(),  # [N, K/G]
         weight_zero_point=_pack_rows(z.t()) if with_zero_point else None,  # [ceil(N/8), K/G], along N
     )
-    return ckpt, _reference(q, z, s, _groups(k, g))
+    groups = _groups(k, g)
+    if act_order:  # `actorder: group`: columns stay in place, weight_g_idx maps each to its group
+        ckpt["weight_g_idx"] = _act_order_g_idx(gen, k, g)
+        groups = ckpt["weight_g_idx"].to(torch.int64)
+    return ckpt, _reference(q, z, s, groups)
 
 
 def _assert_exact(weight, ref, k, n):
@@ -198,6 +202,15 @@ def test_compressed_tensors_exact(w4a16, k, n, g, with_zp, infer):
     _assert_exact(weight, ref, k, n)
     assert weight.group_size == (k if g == -1 else g)
     assert weight.symmetric == (not with_zp)
+
+
+@pytest.mark.parametrize("with_zp", [False, True])
+def test_compressed_tensors_act_order_exact(w4a16, with_zp):
+    gen = torch.Generator().manual_seed(35 + with_zp)
+    ckpt, ref = _ct_checkpoint(gen, 256, 40, 64, with_zp, act_order=True)
+    weight = w4a16.import_compressed_tensors(**ckpt)
+    assert weight.act_order and weight.symmetric == (not with_zp)
+    _assert_exact(weight, ref, 256, 40)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,7 +390,8 @@ def _checkpoint_of(gen, checkpoint_format, g, key_prefix="", dtype=torch.float16
         elif checkpoint_format == "awq":
             tensors, ref = _awq_checkpoint(gen, k, n, g)
         else:
-            tensors, ref = _ct_checkpoint(gen, k, n, g, with_zero_point=checkpoint_format == "ct-zero-point")
+            tensors, ref = _ct_checkpoint(gen, k, n, g, with_zero_point=checkpoint_format != "ct-symmetric",
+                                          act_order=checkpoint_format == "ct-act-order")
             tensors["weight_shape"] = torch.tensor([n, k])
         state_dict.update({f"{key_prefix}{name}.{t}": v for t, v in tensors.items() if v is not None})
         refs[name] = ref
@@ -392,6 +406,7 @@ _CHECKPOINT_CASES = {  # test format -> (checkpoint_format, importer options)
     "awq": ("awq", dict(group_size=32)),
     "ct-zero-point": ("compressed-tensors", {}),
     "ct-symmetric": ("compressed-tensors", dict(group_size=32)),
+    "ct-act-order": ("compressed-tensors", {}),
 }
 
 
@@ -428,7 +443,7 @@ def test_convert_checkpoint_to_w4a16(w4a16, case, on_meta):
         y = layer(x)
         assert y.dtype == dtype
         torch.testing.assert_close(y.double(), expected, rtol=2e-2, atol=2e-2 * expected.abs().max().item())
-    assert model.model.layers[0].self_attn.q_proj.weight_view().act_order == (case == "gptq-v1-act-order")
+    assert model.model.layers[0].self_attn.q_proj.weight_view().act_order == case.endswith("act-order")
 
 
 def test_convert_checkpoint_to_w4a16_errors_name_the_layer_and_change_nothing(w4a16):
@@ -449,7 +464,8 @@ def test_convert_checkpoint_to_w4a16_errors_name_the_layer_and_change_nothing(w4
           "o_proj.qweight but no model.layers.0.self_attn.o_proj.scales")
     fails({"x." + k: v for k, v in good.items()}, ValueError, "no nn.Linear .*x.model.layers.0.self_attn.o_proj")
     fails({**good, f"{q_key}.scales": good[f"{q_key}.scales"].int()}, TypeError, f"^{q_key}: scales")
-    swapped = {**good, **{f"{q_key}.{t}": good[f"model.layers.0.self_attn.o_proj.{t}"] for t in ("qweight", "qzeros", "scales")}}
+    o_key = "model.layers.0.self_attn.o_proj"
+    swapped = {**good, **{f"{q_key}.{t}": good[f"{o_key}.{t}"] for t in ("qweight", "qzeros", "scales")}}
     fails(swapped, ValueError, f"{q_key}: the checkpoint's layer has in_features=64, out_features=40; the model's")
     fails(good, ValueError, "checkpoint_format must be one of", checkpoint_format="gguf")
     fails(good, ValueError, "group_size is required", group_size=None)
@@ -470,3 +486,79 @@ def test_convert_checkpoint_to_w4a16_errors_name_the_layer_and_change_nothing(w4
     assert len(w4a16.convert_checkpoint_to_w4a16(model, good, "awq", group_size=32).converted) == 2
     again = w4a16.convert_checkpoint_to_w4a16(model, good, "awq", group_size=32)
     assert again.converted == [] and list(again.skipped) == ["lm_head"]
+
+
+# quantization_config objects as config.json files carry them (keys as the tools write them)
+_GPTQ_CONFIG = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True, "sym": True,
+                "checkpoint_format": "gptq"}
+_AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "zero_point": True}
+_CT_CONFIG = {
+    "quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
+    "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "output_activations": None,
+                                  "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                                              "group_size": 128, "actorder": "group", "dynamic": False}}},
+}
+
+
+def _with(config: dict, **changes) -> dict:
+    return {**config, **changes}
+
+
+def _ct_with(**weight_changes) -> dict:
+    group = _CT_CONFIG["config_groups"]["group_0"]
+    return _with(_CT_CONFIG, config_groups={"group_0": {**group, "weights": {**group["weights"], **weight_changes}}})
+
+
+@pytest.mark.parametrize("config,expected", [
+    (_GPTQ_CONFIG, dict(checkpoint_format="gptq", group_size=128, zero_convention="v1", symmetric=True)),
+    (_with(_GPTQ_CONFIG, checkpoint_format="gptq_v2", sym=False, group_size=-1),
+     dict(checkpoint_format="gptq", group_size=-1, zero_convention="v2", symmetric=False)),
+    ({k: v for k, v in _GPTQ_CONFIG.items() if k not in ("sym", "checkpoint_format")},  # GPTQConfig's defaults
+     dict(checkpoint_format="gptq", group_size=128, zero_convention="v1", symmetric=True)),
+    (_AWQ_CONFIG, dict(checkpoint_format="awq", group_size=128)),
+    ({"quant_method": "awq", "w_bit": 4, "q_group_size": 64, "version": "GEMM", "zero_point": True},  # AutoAWQ's keys
+     dict(checkpoint_format="awq", group_size=64)),
+    (_CT_CONFIG, dict(checkpoint_format="compressed-tensors", group_size=128)),
+    (_ct_with(strategy="channel", group_size=None), dict(checkpoint_format="compressed-tensors", group_size=-1)),
+])
+def test_checkpoint_options_read_the_quantization_config(w4a16, config, expected):
+    assert w4a16.checkpoint_options(config) == expected
+
+
+@pytest.mark.parametrize("config,match", [
+    (_with(_GPTQ_CONFIG, bits=8), "bits'\\] is 8: w4a16 runs 4-bit weights only"),
+    (_with(_GPTQ_CONFIG, checkpoint_format="marlin"), "checkpoint_format'\\] must be 'gptq' or 'gptq_v2'"),
+    ({k: v for k, v in _GPTQ_CONFIG.items() if k != "group_size"}, "no group size"),
+    (_with(_AWQ_CONFIG, version="gemv"), "version'\\] must be 'gemm'"),
+    (_with(_AWQ_CONFIG, zero_point=False), "zero_point'\\] must be true"),
+    (_with(_CT_CONFIG, format="marlin-24"), "format must be 'pack-quantized'"),
+    (_ct_with(num_bits=8), "num_bits'\\] is 8"),
+    (_ct_with(type="float"), "type'\\] must be 'int'"),
+    (_ct_with(strategy="tensor"), "strategy'\\] must be 'group' or 'channel'"),
+    (_with(_CT_CONFIG, config_groups={"group_0": {**_CT_CONFIG["config_groups"]["group_0"],
+                                                  "input_activations": {"num_bits": 8}}}), "input_activations"),
+    (_with(_CT_CONFIG, config_groups={"a": _CT_CONFIG["config_groups"]["group_0"],
+                                      "b": _ct_with(group_size=64)["config_groups"]["group_0"]}), "disagree"),
+    (_with(_GPTQ_CONFIG, quant_method="bitsandbytes"), "quant_method'\\] must be one of"),
+])
+def test_checkpoint_options_refuse_what_cannot_run(w4a16, config, match):
+    with pytest.raises(ValueError, match=match):
+        w4a16.checkpoint_options(config)
+
+
+def test_checkpoint_options_type_errors(w4a16):
+    with pytest.raises(TypeError, match="quantization_config\\['sym'\\] must be True or False"):
+        w4a16.checkpoint_options(_with(_GPTQ_CONFIG, sym="yes"))
+    with pytest.raises(TypeError, match="quantization_config must be a dict"):
+        w4a16.checkpoint_options(None)
+
+
+def test_checkpoint_options_feed_convert_checkpoint_to_w4a16(w4a16):
+    """The options read from a config convert that config's checkpoint (GPTQ v1, asymmetric, act-order, group 32)."""
+    gen = torch.Generator().manual_seed(61)
+    state_dict, refs = _checkpoint_of(gen, "gptq-v1-act-order", 32)
+    model = _TinyCausalLM().half()
+    options = w4a16.checkpoint_options(_with(_GPTQ_CONFIG, group_size=32, sym=False))
+    assert len(w4a16.convert_checkpoint_to_w4a16(model, state_dict, **options).converted) == 2
+    for name, k, n in _QUANTIZED:
+        _assert_exact(model.get_submodule(name).weight_view(), refs[name], k, n)

@@ -67,7 +67,9 @@ def test_readme_quickstart_runs(w4a16, device):
     x = torch.randn(2, K, device=device, dtype=torch.float16)
     state_dict, state_dict_refs = gptq_state_dict_of_my_model(torch.Generator().manual_seed(2))
     names = dict(MyModel=MyModel, x=x, w_ref=gptq_ref.t().to(device), print=lambda *a, **k: None,
-                 ckpt={key: value.to(device) for key, value in ckpt.items()}, state_dict=state_dict)
+                 ckpt={key: value.to(device) for key, value in ckpt.items()}, state_dict=state_dict,
+                 config={"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128,
+                                                 "desc_act": False, "sym": False, "checkpoint_format": "gptq"}})
     import torch._inductor.config as inductor
     saved_pdl = inductor.triton.enable_pdl  # (the PDL block sets this process-wide setting: put it back)
     try:
@@ -104,6 +106,7 @@ def test_readme_quickstart_runs(w4a16, device):
     # against a float64 forward of the checkpoint's weights
     model = names["model"]
     assert [type(m).__name__ for m in (model.up, model.down, model.lm_head)] == ["W4A16Linear"] * 2 + ["Linear"]
+    assert names["options"] == dict(checkpoint_format="gptq", group_size=128, zero_convention="v1", symmetric=False)
     assert names["summary"].converted == ["up", "down"] and list(names["summary"].skipped) == ["lm_head"]
     for name, ref in state_dict_refs.items():
         assert torch.equal(getattr(model, name).weight_view().dequantize().cpu(), ref)

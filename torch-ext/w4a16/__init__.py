@@ -9,7 +9,7 @@ import torch
 
 from ._ops import add_op_namespace_prefix, ops
 from .dispatch import Plan, plan_gemm
-from .formats import import_awq, import_compressed_tensors, import_gptq
+from .formats import checkpoint_options, import_awq, import_compressed_tensors, import_gptq
 from .functional import LayerCheck, check_layer, plan_for, w4a16_gemm, w4a16_linear
 from .matmul import validate_gemm_inputs, w4a16_matmul
 from .layout import W4A16Weight, prepare_weight
@@ -60,6 +60,7 @@ __all__ = [
     "import_gptq",
     "import_awq",
     "import_compressed_tensors",
+    "checkpoint_options",
     "layers",
     "W4A16Linear",
     "convert_to_w4a16",

@@ -19,7 +19,7 @@ import torch
 from .layout import W4A16Weight, prepare_weight
 from .quantize import check_flag, is_int, pack_int4_k_major, validate_group_size
 
-__all__ = ["import_gptq", "import_awq", "import_compressed_tensors"]
+__all__ = ["import_gptq", "import_awq", "import_compressed_tensors", "checkpoint_options"]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _NATURAL_ORDER = (0, 1, 2, 3, 4, 5, 6, 7)
@@ -146,6 +146,7 @@ def import_compressed_tensors(
     *,
     group_size: int | None = None,
     weight_shape: torch.Tensor | Sequence[int] | None = None,
+    weight_g_idx: torch.Tensor | None = None,
 ) -> W4A16Weight:
     """Import a compressed-tensors "pack-quantized" 4-bit linear layer (llm-compressor).
 
@@ -155,6 +156,7 @@ def import_compressed_tensors(
         weight_zero_point int32 [ceil(N/8), K/G] zero codes packed along N (rows), low bits first;
                                                  None for symmetric (zero 8)
         weight_shape      [N, K] (optional)      checked against the other tensors when given
+        weight_g_idx      integer [K] (optional) group of each input column (`actorder: group`), as GPTQ's g_idx
     Nibbles are the stored unsigned values (the signed value + 8), so w = (q - z) * s on them directly.
     `group_size=None` infers G = K / weight_scale.shape[1] (a single column means per-channel).
     """
@@ -187,4 +189,107 @@ def import_compressed_tensors(
         zeros = _unpack_along_last(weight_zero_point.t(), n).to(torch.uint8)  # [K/G, N]
     codes = _unpack_along_last(weight_packed, k).t()  # [K, N]
     scales = weight_scale.t().contiguous()
-    return prepare_weight(pack_int4_k_major(codes), scales, zeros, group_size=g)
+    return prepare_weight(pack_int4_k_major(codes), scales, zeros, group_size=g, g_idx=weight_g_idx)
+
+
+def _config_int(config: dict, names: tuple[str, ...], what: str) -> int:
+    """The first of `names` present in `config` (its spellings across tools), as an int."""
+    for name in names:
+        if name in config:
+            value = config[name]
+            if not is_int(value):
+                raise ValueError(f"quantization_config[{name!r}] ({what}) must be an int, got {value!r}")
+            return value
+    raise ValueError(f"quantization_config has no {what} ({' or '.join(repr(n) for n in names)})")
+
+
+def _require_4_bits(bits: int, where: str) -> None:
+    if bits != 4:
+        raise ValueError(f"{where} is {bits}: w4a16 runs 4-bit weights only")
+
+
+def _gptq_options(config: dict) -> dict:
+    _require_4_bits(_config_int(config, ("bits",), "bit width"), "quantization_config['bits']")
+    packing = config.get("checkpoint_format", "gptq")
+    conventions = {"gptq": "v1", "gptq_v2": "v2"}
+    if packing not in conventions:
+        raise ValueError(f"quantization_config['checkpoint_format'] must be 'gptq' or 'gptq_v2' (GPTQ's own packing), "
+                         f"got {packing!r}")
+    symmetric = config.get("sym", True)
+    check_flag("quantization_config['sym']", symmetric)
+    return {"checkpoint_format": "gptq", "group_size": _config_int(config, ("group_size",), "group size"),
+            "zero_convention": conventions[packing], "symmetric": symmetric}
+
+
+def _awq_options(config: dict) -> dict:
+    _require_4_bits(_config_int(config, ("bits", "w_bit"), "bit width"), "the AWQ bit width")
+    version = config.get("version", "gemm")
+    if not isinstance(version, str) or version.lower() != "gemm":
+        raise ValueError(f"quantization_config['version'] must be 'gemm' (AWQ's GEMM packing), got {version!r}")
+    if config.get("zero_point", True) is not True:
+        raise ValueError(f"quantization_config['zero_point'] must be true (AWQ GEMM checkpoints are asymmetric), got "
+                         f"{config.get('zero_point')!r}")
+    return {"checkpoint_format": "awq", "group_size": _config_int(config, ("group_size", "q_group_size"), "group size")}
+
+
+def _compressed_tensors_options(config: dict) -> dict:
+    groups = config.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise ValueError("quantization_config['config_groups'] must be a non-empty dict of quantization groups")
+    sizes = set()
+    for name, group in groups.items():
+        where = f"quantization_config['config_groups'][{name!r}]"
+        if not isinstance(group, dict):
+            raise ValueError(f"{where} must be a dict, got {group!r}")
+        packing = group.get("format") or config.get("format")
+        if packing != "pack-quantized":
+            raise ValueError(f"{where}: format must be 'pack-quantized', got {packing!r}")
+        if group.get("input_activations") is not None:
+            raise ValueError(f"{where}['input_activations'] must be null: quantized activations are not W4A16")
+        weights = group.get("weights")
+        if not isinstance(weights, dict):
+            raise ValueError(f"{where}['weights'] must be a dict of the weights' quantization arguments")
+        _require_4_bits(_config_int(weights, ("num_bits",), "bit width"), f"{where}['weights']['num_bits']")
+        if weights.get("type", "int") != "int":
+            raise ValueError(f"{where}['weights']['type'] must be 'int', got {weights.get('type')!r}")
+        strategy = weights.get("strategy")
+        if strategy == "group":
+            sizes.add(_config_int(weights, ("group_size",), "group size"))
+        elif strategy == "channel":
+            sizes.add(-1)
+        else:
+            raise ValueError(f"{where}['weights']['strategy'] must be 'group' or 'channel', got {strategy!r}")
+    if len(sizes) != 1:
+        raise ValueError(f"quantization_config's config groups disagree on the group size ({sorted(sizes)}): convert "
+                         "each group's layers with its own group_size")
+    return {"checkpoint_format": "compressed-tensors", "group_size": sizes.pop()}
+
+
+_OPTIONS_BY_METHOD = {"gptq": _gptq_options, "awq": _awq_options, "compressed-tensors": _compressed_tensors_options}
+
+
+def checkpoint_options(quantization_config: dict) -> dict:
+    """The `convert_checkpoint_to_w4a16` arguments that a checkpoint's quantization config states.
+
+    `quantization_config`: the `quantization_config` object of a Hugging Face model's config.json (or a GPTQ
+    quantize_config.json with its `quant_method`). Read, by `quant_method`:
+        "gptq"                `bits` 4, `group_size`, `sym` (default True, as GPTQConfig's), `checkpoint_format`
+                              "gptq" (zero convention v1, the default) or "gptq_v2" (v2); `desc_act` needs nothing
+                              (the checkpoint's g_idx says it)
+        "awq"                 `bits` / `w_bit` 4, `group_size` / `q_group_size`, `version` "gemm", `zero_point` true
+        "compressed-tensors"  `format` "pack-quantized" (top level or per group); every config group's `weights`:
+                              `num_bits` 4, `type` "int", `strategy` "group" (its `group_size`) or "channel", one
+                              group size for all groups; no `input_activations` (quantized activations are not
+                              W4A16). `actorder` needs nothing (the checkpoint's weight_g_idx says it), nor symmetry
+                              (each layer's weight_zero_point says it)
+    Anything else is a ValueError (a TypeError for a flag that is not a bool) naming the field: a checkpoint this
+    package cannot run must not load.
+    """
+    if not isinstance(quantization_config, dict):
+        raise TypeError(f"quantization_config must be a dict (config.json's quantization_config), got "
+                        f"{type(quantization_config).__name__}")
+    method = quantization_config.get("quant_method")
+    if method not in _OPTIONS_BY_METHOD:
+        raise ValueError(f"quantization_config['quant_method'] must be one of {sorted(_OPTIONS_BY_METHOD)}, got "
+                         f"{method!r}")
+    return _OPTIONS_BY_METHOD[method](quantization_config)

@@ -475,7 +475,8 @@ def _import_checkpoint_layer(state_dict, key: str, checkpoint_format: str, group
             return import_awq(tensor("qweight"), tensor("qzeros"), tensor("scales"), group_size=group_size)
         return import_compressed_tensors(tensor("weight_packed"), tensor("weight_scale"),
                                          tensor("weight_zero_point", required=False), group_size=group_size,
-                                         weight_shape=tensor("weight_shape", required=False))
+                                         weight_shape=tensor("weight_shape", required=False),
+                                         weight_g_idx=tensor("weight_g_idx", required=False))
     except (TypeError, ValueError) as e:  # the importers name their argument; say which layer it was
         raise type(e)(f"{key}: {e}") from e
 
@@ -517,7 +518,8 @@ def convert_checkpoint_to_w4a16(
     `prefix + name + ".qweight"` (gptq, awq) or `".weight_packed"` (compressed-tensors); its bias comes from
     `<key>.bias` when present, else from the Linear. `checkpoint_format`'s options come from the checkpoint's
     quantization config: `group_size` (gptq, awq; -1 per-channel; compressed-tensors infers it per layer),
-    `zero_convention` (gptq: "v1" for checkpoint_format "gptq", "v2" for "gptq_v2") and `symmetric` (gptq's `sym`).
+    `zero_convention` (gptq: "v1" for checkpoint_format "gptq", "v2" for "gptq_v2") and `symmetric` (gptq's `sym`);
+    `formats.checkpoint_options(config["quantization_config"])` reads all of them from a model's config.json.
     `dtype`: the activations' dtype, which the bias takes (default: each Linear's dtype if fp16/bf16, else the
     scales'). `pdl`: every converted layer's `pdl`, as in `convert_to_w4a16`.
 
@@ -534,7 +536,8 @@ def convert_checkpoint_to_w4a16(
         raise TypeError(f"state_dict must be a mapping of tensor names to tensors, got {type(state_dict).__name__}")
     _check_checkpoint_options(checkpoint_format, group_size, zero_convention, symmetric)
     if not isinstance(prefix, str):
-        raise TypeError(f"prefix must be a str (prepended to module names to form the checkpoint's keys), got {prefix!r}")
+        raise TypeError(f"prefix must be a str (prepended to module names to form the checkpoint's keys), "
+                        f"got {prefix!r}")
     if dtype is not None and dtype not in _HALF_DTYPES:
         raise TypeError(f"dtype must be None, float16 or bfloat16, got {dtype}")
     check_flag("pdl", pdl)
@@ -564,7 +567,8 @@ def convert_checkpoint_to_w4a16(
         weight = _import_checkpoint_layer(state_dict, key, checkpoint_format, group_size, zero_convention, symmetric)
         if (weight.in_features, weight.out_features) != (linear.in_features, linear.out_features):
             raise ValueError(f"{key}: the checkpoint's layer has in_features={weight.in_features}, out_features="
-                             f"{weight.out_features}; the model's {name} has {linear.in_features}, {linear.out_features}")
+                             f"{weight.out_features}; the model's {name} has {linear.in_features}, "
+                             f"{linear.out_features}")
         bias = state_dict.get(f"{key}.bias")
         if bias is None and linear.bias is not None:
             if linear.bias.device.type == "meta":
