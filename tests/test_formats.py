@@ -535,6 +535,7 @@ def test_checkpoint_options_read_the_quantization_config(w4a16, config, expected
     (_ct_with(num_bits=8), "num_bits'\\] is 8"),
     (_ct_with(type="float"), "type'\\] must be 'int'"),
     (_ct_with(strategy="tensor"), "strategy'\\] must be 'group' or 'channel'"),
+    (_ct_with(group_size=None), "\\['group_0'\\]\\['weights'\\]\\['group_size'\\] \\(group size\\) must be an int"),
     (_with(_CT_CONFIG, config_groups={"group_0": {**_CT_CONFIG["config_groups"]["group_0"],
                                                   "input_activations": {"num_bits": 8}}}), "input_activations"),
     (_with(_CT_CONFIG, config_groups={"a": _CT_CONFIG["config_groups"]["group_0"],

@@ -192,15 +192,15 @@ def import_compressed_tensors(
     return prepare_weight(pack_int4_k_major(codes), scales, zeros, group_size=g, g_idx=weight_g_idx)
 
 
-def _config_int(config: dict, names: tuple[str, ...], what: str) -> int:
-    """The first of `names` present in `config` (its spellings across tools), as an int."""
+def _config_int(config: dict, names: tuple[str, ...], what: str, where: str = "quantization_config") -> int:
+    """The first of `names` present in `config` (`where`; the names are its spellings across tools), as an int."""
     for name in names:
         if name in config:
             value = config[name]
             if not is_int(value):
-                raise ValueError(f"quantization_config[{name!r}] ({what}) must be an int, got {value!r}")
+                raise ValueError(f"{where}[{name!r}] ({what}) must be an int, got {value!r}")
             return value
-    raise ValueError(f"quantization_config has no {what} ({' or '.join(repr(n) for n in names)})")
+    raise ValueError(f"{where} has no {what} ({' or '.join(repr(n) for n in names)})")
 
 
 def _require_4_bits(bits: int, where: str) -> None:
@@ -249,12 +249,13 @@ def _compressed_tensors_options(config: dict) -> dict:
         weights = group.get("weights")
         if not isinstance(weights, dict):
             raise ValueError(f"{where}['weights'] must be a dict of the weights' quantization arguments")
-        _require_4_bits(_config_int(weights, ("num_bits",), "bit width"), f"{where}['weights']['num_bits']")
+        _require_4_bits(_config_int(weights, ("num_bits",), "bit width", f"{where}['weights']"),
+                        f"{where}['weights']['num_bits']")
         if weights.get("type", "int") != "int":
             raise ValueError(f"{where}['weights']['type'] must be 'int', got {weights.get('type')!r}")
         strategy = weights.get("strategy")
         if strategy == "group":
-            sizes.add(_config_int(weights, ("group_size",), "group size"))
+            sizes.add(_config_int(weights, ("group_size",), "group size", f"{where}['weights']"))
         elif strategy == "channel":
             sizes.add(-1)
         else:
