@@ -1,4 +1,6 @@
-"""Checkpoint importers: GPTQ, AWQ (GEMM format) and compressed-tensors pack-quantized -> `W4A16Weight`.
+"""Checkpoint importers: GPTQ, AWQ (GEMM format) and compressed-tensors pack-quantized -> `W4A16Weight`; one layer of a
+whole checkpoint by its keys (`import_checkpoint_layer`), and the import's arguments read from a quantization config
+(`checkpoint_options`).
 
 Each importer reads a checkpoint's tensors, converts them into the seed layout (see `quantize`):
 
@@ -192,6 +194,53 @@ def import_compressed_tensors(
     return prepare_weight(pack_int4_k_major(codes), scales, zeros, group_size=g, g_idx=weight_g_idx)
 
 
+# Whole checkpoints. Per format: the tensor whose key `<module>.<name>` marks a module as quantized in a checkpoint.
+CHECKPOINT_MARKERS = {"gptq": "qweight", "awq": "qweight", "compressed-tensors": "weight_packed"}
+
+
+def import_checkpoint_layer(state_dict, key: str, checkpoint_format: str, *, group_size, zero_convention,
+                            symmetric: bool) -> W4A16Weight:
+    """One quantized layer of a whole checkpoint: its tensors `<key>.<tensor>` in `state_dict` through its format's
+    importer (arguments as `check_checkpoint_arguments` accepts them)."""
+    marker = CHECKPOINT_MARKERS[checkpoint_format]
+
+    def tensor(name: str, required: bool = True):
+        t = state_dict.get(f"{key}.{name}")
+        if t is None and required:
+            raise ValueError(f"state_dict has {key}.{marker} but no {key}.{name} (a sharded checkpoint: pass the "
+                             f"tensors of all its shards in one dict)")
+        return t
+
+    if checkpoint_format == "gptq":
+        return import_gptq(tensor("qweight"), tensor("qzeros", required=not symmetric), tensor("scales"),
+                           tensor("g_idx", required=False), group_size=group_size, zero_convention=zero_convention,
+                           symmetric=symmetric)
+    if checkpoint_format == "awq":
+        return import_awq(tensor("qweight"), tensor("qzeros"), tensor("scales"), group_size=group_size)
+    return import_compressed_tensors(tensor("weight_packed"), tensor("weight_scale"),
+                                     tensor("weight_zero_point", required=False), group_size=group_size,
+                                     weight_shape=tensor("weight_shape", required=False),
+                                     weight_g_idx=tensor("weight_g_idx", required=False))
+
+
+def check_checkpoint_arguments(checkpoint_format, group_size, zero_convention, symmetric) -> None:
+    """The arguments a whole checkpoint's import takes (`layers.convert_checkpoint_to_w4a16`), checked once."""
+    if checkpoint_format not in CHECKPOINT_MARKERS:
+        raise ValueError(f"checkpoint_format must be one of {sorted(CHECKPOINT_MARKERS)}, got {checkpoint_format!r}")
+    check_flag("symmetric", symmetric)
+    if checkpoint_format in ("gptq", "awq") and group_size is None:
+        raise ValueError(f"group_size is required for a {checkpoint_format} checkpoint (its quantization config's "
+                         "group_size; -1 for per-channel)")
+    if checkpoint_format != "gptq":
+        if zero_convention is not None:
+            raise ValueError(f"zero_convention applies to GPTQ checkpoints only, got {zero_convention!r} for "
+                             f"{checkpoint_format}")
+        if symmetric:
+            raise ValueError(f"symmetric=True applies to GPTQ checkpoints only: {checkpoint_format}'s symmetry "
+                             "follows its tensors (AWQ is always asymmetric; compressed-tensors is symmetric where "
+                             "weight_zero_point is absent)")
+
+
 def _config_int(config: dict, names: tuple[str, ...], what: str, where: str = "quantization_config") -> int:
     """The first of `names` present in `config` (`where`; the names are its spellings across tools), as an int."""
     for name in names:
@@ -266,6 +315,7 @@ def _compressed_tensors_options(config: dict) -> dict:
     return {"checkpoint_format": "compressed-tensors", "group_size": sizes.pop()}
 
 
+# quant_method -> its reader; each quant_method is the CHECKPOINT_MARKERS format of the same name
 _OPTIONS_BY_METHOD = {"gptq": _gptq_options, "awq": _awq_options, "compressed-tensors": _compressed_tensors_options}
 
 

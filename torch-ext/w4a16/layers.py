@@ -40,7 +40,7 @@ from dataclasses import replace as _dc_replace
 import torch
 from torch import nn
 
-from .formats import import_awq, import_compressed_tensors, import_gptq
+from .formats import CHECKPOINT_MARKERS, check_checkpoint_arguments, import_checkpoint_layer
 from .functional import linear_unchecked, plan_for
 from .layout import K_BLOCK, W4A16Weight, native_qweight_shape, prepare_weight, validate_permutation
 from .quantize import SYMMETRIC_ZERO, check_flag, is_int, quantize_weight_int4_grouped, validate_group_size
@@ -450,54 +450,6 @@ def convert_to_w4a16(
     return summary
 
 
-# Per checkpoint format: the tensor whose key `<module>.<name>` marks a Linear as quantized in the checkpoint.
-_CHECKPOINT_MARKERS = {"gptq": "qweight", "awq": "qweight", "compressed-tensors": "weight_packed"}
-
-
-def _import_checkpoint_layer(state_dict, key: str, checkpoint_format: str, group_size, zero_convention,
-                             symmetric: bool) -> W4A16Weight:
-    """One quantized layer's tensors (`<key>.<tensor>` in state_dict) through its format's importer."""
-    marker = _CHECKPOINT_MARKERS[checkpoint_format]
-
-    def tensor(name: str, required: bool = True):
-        t = state_dict.get(f"{key}.{name}")
-        if t is None and required:
-            raise ValueError(f"state_dict has {key}.{marker} but no {key}.{name} (a sharded checkpoint: pass the "
-                             f"tensors of all its shards in one dict)")
-        return t
-
-    try:
-        if checkpoint_format == "gptq":
-            return import_gptq(tensor("qweight"), tensor("qzeros", required=not symmetric), tensor("scales"),
-                               tensor("g_idx", required=False), group_size=group_size,
-                               zero_convention=zero_convention, symmetric=symmetric)
-        if checkpoint_format == "awq":
-            return import_awq(tensor("qweight"), tensor("qzeros"), tensor("scales"), group_size=group_size)
-        return import_compressed_tensors(tensor("weight_packed"), tensor("weight_scale"),
-                                         tensor("weight_zero_point", required=False), group_size=group_size,
-                                         weight_shape=tensor("weight_shape", required=False),
-                                         weight_g_idx=tensor("weight_g_idx", required=False))
-    except (TypeError, ValueError) as e:  # the importers name their argument; say which layer it was
-        raise type(e)(f"{key}: {e}") from e
-
-
-def _check_checkpoint_options(checkpoint_format, group_size, zero_convention, symmetric) -> None:
-    if checkpoint_format not in _CHECKPOINT_MARKERS:
-        raise ValueError(f"checkpoint_format must be one of {sorted(_CHECKPOINT_MARKERS)}, got {checkpoint_format!r}")
-    check_flag("symmetric", symmetric)
-    if checkpoint_format in ("gptq", "awq") and group_size is None:
-        raise ValueError(f"group_size is required for a {checkpoint_format} checkpoint (its quantization config's "
-                         "group_size; -1 for per-channel)")
-    if checkpoint_format != "gptq":
-        if zero_convention is not None:
-            raise ValueError(f"zero_convention applies to GPTQ checkpoints only, got {zero_convention!r} for "
-                             f"{checkpoint_format}")
-        if symmetric:
-            raise ValueError(f"symmetric=True applies to GPTQ checkpoints only: {checkpoint_format}'s symmetry "
-                             "follows its tensors (AWQ is always asymmetric; compressed-tensors is symmetric where "
-                             "weight_zero_point is absent)")
-
-
 def convert_checkpoint_to_w4a16(
     model: nn.Module,
     state_dict,
@@ -534,20 +486,21 @@ def convert_checkpoint_to_w4a16(
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not hasattr(state_dict, "keys") or not hasattr(state_dict, "get"):
         raise TypeError(f"state_dict must be a mapping of tensor names to tensors, got {type(state_dict).__name__}")
-    _check_checkpoint_options(checkpoint_format, group_size, zero_convention, symmetric)
+    check_checkpoint_arguments(checkpoint_format, group_size, zero_convention, symmetric)
     if not isinstance(prefix, str):
         raise TypeError(f"prefix must be a str (prepended to module names to form the checkpoint's keys), "
                         f"got {prefix!r}")
     if dtype is not None and dtype not in _HALF_DTYPES:
         raise TypeError(f"dtype must be None, float16 or bfloat16, got {dtype}")
     check_flag("pdl", pdl)
-    suffix = "." + _CHECKPOINT_MARKERS[checkpoint_format]
+    suffix = "." + CHECKPOINT_MARKERS[checkpoint_format]
     keys_of: dict[str, list[str]] = {}  # checkpoint module key -> its tensors' keys
     for key in state_dict.keys():
         if isinstance(key, str):
             keys_of.setdefault(key.rpartition(".")[0], []).append(key)
-    quantized = {key[len(prefix):-len(suffix)] for key in state_dict.keys()
-                 if isinstance(key, str) and key.startswith(prefix) and key.endswith(suffix)}
+    # the model's names of the modules the checkpoint holds quantized
+    quantized = {module[len(prefix):] for module, keys in keys_of.items()
+                 if module.startswith(prefix) and module + suffix in keys}
     linears = _linear_references(model)
     known = {n for _, names, _ in linears for n in names}
     known |= {n for n, m in model.named_modules() if isinstance(m, W4A16Linear)}  # converted by an earlier call
@@ -564,18 +517,19 @@ def convert_checkpoint_to_w4a16(
             summary.skipped[names[0]] = f"not quantized in the checkpoint (no {prefix}{names[0]}{suffix})"
             continue
         key = prefix + name
-        weight = _import_checkpoint_layer(state_dict, key, checkpoint_format, group_size, zero_convention, symmetric)
-        if (weight.in_features, weight.out_features) != (linear.in_features, linear.out_features):
-            raise ValueError(f"{key}: the checkpoint's layer has in_features={weight.in_features}, out_features="
-                             f"{weight.out_features}; the model's {name} has {linear.in_features}, "
-                             f"{linear.out_features}")
-        bias = state_dict.get(f"{key}.bias")
-        if bias is None and linear.bias is not None:
-            if linear.bias.device.type == "meta":
-                raise ValueError(f"{key}.bias is not in state_dict and {name}.bias is on the meta device (no values)")
-            bias = linear.bias
-        layer_dtype = dtype or (linear.weight.dtype if linear.weight.dtype in _HALF_DTYPES else None)
-        try:
+        try:  # every error below names its argument or tensor; this says which layer it was
+            weight = import_checkpoint_layer(state_dict, key, checkpoint_format, group_size=group_size,
+                                             zero_convention=zero_convention, symmetric=symmetric)
+            if (weight.in_features, weight.out_features) != (linear.in_features, linear.out_features):
+                raise ValueError(f"the checkpoint's layer has in_features={weight.in_features}, out_features="
+                                 f"{weight.out_features}; the model's {name} has {linear.in_features}, "
+                                 f"{linear.out_features}")
+            bias = state_dict.get(f"{key}.bias")
+            if bias is None and linear.bias is not None:
+                if linear.bias.device.type == "meta":
+                    raise ValueError(f"{key}.bias is not in state_dict and {name}.bias is on the meta device")
+                bias = linear.bias
+            layer_dtype = dtype or (linear.weight.dtype if linear.weight.dtype in _HALF_DTYPES else None)
             layer = W4A16Linear.from_weight(weight, bias, dtype=layer_dtype, pdl=pdl)
         except (TypeError, ValueError) as e:
             raise type(e)(f"{key}: {e}") from e
