@@ -8,8 +8,12 @@ Wrong nibble orders and off-by-one zeros must be caught by `check_layer`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 pytestmark = pytest.mark.kernels_ci
 
@@ -486,6 +490,50 @@ def test_convert_checkpoint_to_w4a16_errors_name_the_layer_and_change_nothing(w4
     assert len(w4a16.convert_checkpoint_to_w4a16(model, good, "awq", group_size=32).converted) == 2
     again = w4a16.convert_checkpoint_to_w4a16(model, good, "awq", group_size=32)
     assert again.converted == [] and list(again.skipped) == ["lm_head"]
+
+
+class _LazyShards(Mapping):
+    """A checkpoint's safetensors shards read one tensor at a time (`safe_open`), as a user converting a large model
+    passes them instead of merging every shard into one dict; records which keys were read."""
+
+    def __init__(self, files):
+        self._file_of = {}
+        for file in files:
+            with safe_open(file, "pt") as shard:
+                self._file_of.update(dict.fromkeys(shard.keys(), file))
+        self.read = []
+
+    def __getitem__(self, key):
+        file = self._file_of[key]  # (KeyError for a key no shard holds: Mapping.get gives None)
+        self.read.append(key)
+        with safe_open(file, "pt") as shard:
+            return shard.get_tensor(key)
+
+    def __iter__(self):
+        return iter(self._file_of)
+
+    def __len__(self):
+        return len(self._file_of)
+
+
+def test_convert_checkpoint_to_w4a16_reads_lazy_shards(w4a16, tmp_path):
+    """A lazy mapping over the shards works as the merged dict does, and only the converted layers' tensors are read
+    (one layer's tensors split across two shards, as sharded checkpoints do)."""
+    gen = torch.Generator().manual_seed(71)
+    state_dict, refs = _checkpoint_of(gen, "gptq-v1-act-order", 32)
+    keys = sorted(state_dict)
+    shards = [tmp_path / "model-00001-of-00002.safetensors", tmp_path / "model-00002-of-00002.safetensors"]
+    for file, part in zip(shards, (keys[: len(keys) // 2], keys[len(keys) // 2:])):
+        save_file({k: state_dict[k].contiguous() for k in part}, str(file))
+    lazy = _LazyShards(shards)
+    model = _TinyCausalLM().half()
+    summary = w4a16.convert_checkpoint_to_w4a16(model, lazy, "gptq", group_size=32, zero_convention="v1")
+    assert summary.converted == [name for name, _, _ in _QUANTIZED]
+    assert sorted(set(lazy.read)) == sorted(summary.checkpoint_keys) and "lm_head.weight" not in lazy.read
+    for name, k, n in _QUANTIZED:
+        _assert_exact(model.get_submodule(name).weight_view(), refs[name], k, n)
+    bias = state_dict["model.layers.0.self_attn.q_proj.bias"]
+    assert torch.equal(model.model.layers[0].self_attn.q_proj.bias, bias)
 
 
 # quantization_config objects as config.json files carry them (keys as the tools write them)

@@ -466,7 +466,8 @@ def convert_checkpoint_to_w4a16(
     quantized by a `W4A16Linear` imported from the checkpoint's tensors (the importers of `formats`).
 
     `state_dict`: the checkpoint's tensors by key, every shard merged (one layer's tensors may sit in different
-    shards), e.g. `safetensors.torch.load_file(path)`. The Linear `name` is quantized when `state_dict` holds
+    shards), e.g. `safetensors.torch.load_file(path)`; or any mapping (keys(), get()) that loads a tensor when asked,
+    such as a view over the shards' `safe_open` handles: only the converted layers' tensors are read. The Linear `name` is quantized when `state_dict` holds
     `prefix + name + ".qweight"` (gptq, awq) or `".weight_packed"` (compressed-tensors); its bias comes from
     `<key>.bias` when present, else from the Linear. `checkpoint_format`'s options come from the checkpoint's
     quantization config: `group_size` (gptq, awq; -1 per-channel; compressed-tensors infers it per layer),
