@@ -208,7 +208,7 @@ def import_checkpoint_layer(state_dict, key: str, checkpoint_format: str, *, gro
         t = state_dict.get(f"{key}.{name}")
         if t is None and required:
             raise ValueError(f"state_dict has {key}.{marker} but no {key}.{name} (a sharded checkpoint: pass the "
-                             f"tensors of all its shards in one dict)")
+                             f"tensors of all its shards in one mapping)")
         return t
 
     if checkpoint_format == "gptq":

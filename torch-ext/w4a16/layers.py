@@ -375,6 +375,12 @@ def _replace_linear(summary: "ConversionSummary", name: str, linear: nn.Linear, 
     summary.bytes_after += layer.weight_nbytes()
 
 
+def _check_model_dtype(dtype) -> None:
+    """A whole-model conversion's `dtype`: None (each Linear's own) or the activations' float16 / bfloat16."""
+    if dtype is not None and dtype not in _HALF_DTYPES:
+        raise TypeError(f"dtype must be None, float16 or bfloat16, got {dtype}")
+
+
 def _check_group_size(group_size: int) -> None:
     """Reject a group size no layer could take (a per-layer misfit is a skip, not an error)."""
     if group_size == -1:
@@ -423,8 +429,7 @@ def convert_to_w4a16(
     _check_group_size(group_size)
     check_flag("pdl", pdl)
     check_flag("symmetric", symmetric)  # (here too: a model whose layers are all skipped never reaches from_linear)
-    if dtype is not None and dtype not in _HALF_DTYPES:
-        raise TypeError(f"dtype must be None, float16 or bfloat16, got {dtype}")
+    _check_model_dtype(dtype)
     if isinstance(skip, str):
         skip = (skip,)
     if skip is not None and not (isinstance(skip, (tuple, list, set, frozenset)) and all(isinstance(p, str) for p in skip)):
@@ -467,8 +472,9 @@ def convert_checkpoint_to_w4a16(
 
     `state_dict`: the checkpoint's tensors by key, every shard merged (one layer's tensors may sit in different
     shards), e.g. `safetensors.torch.load_file(path)`; or any mapping (keys(), get()) that loads a tensor when asked,
-    such as a view over the shards' `safe_open` handles: only the converted layers' tensors are read. The Linear `name` is quantized when `state_dict` holds
-    `prefix + name + ".qweight"` (gptq, awq) or `".weight_packed"` (compressed-tensors); its bias comes from
+    such as a view over the shards' `safe_open` handles: only the converted layers' tensors are read. The Linear
+    `name` is quantized when `state_dict` holds `prefix + name + ".qweight"` (gptq, awq) or `".weight_packed"`
+    (compressed-tensors); its bias comes from
     `<key>.bias` when present, else from the Linear. `checkpoint_format`'s options come from the checkpoint's
     quantization config: `group_size` (gptq, awq; -1 per-channel; compressed-tensors infers it per layer),
     `zero_convention` (gptq: "v1" for checkpoint_format "gptq", "v2" for "gptq_v2") and `symmetric` (gptq's `sym`);
@@ -491,8 +497,7 @@ def convert_checkpoint_to_w4a16(
     if not isinstance(prefix, str):
         raise TypeError(f"prefix must be a str (prepended to module names to form the checkpoint's keys), "
                         f"got {prefix!r}")
-    if dtype is not None and dtype not in _HALF_DTYPES:
-        raise TypeError(f"dtype must be None, float16 or bfloat16, got {dtype}")
+    _check_model_dtype(dtype)
     check_flag("pdl", pdl)
     suffix = "." + CHECKPOINT_MARKERS[checkpoint_format]
     keys_of: dict[str, list[str]] = {}  # checkpoint module key -> its tensors' keys
