@@ -470,15 +470,15 @@ def convert_checkpoint_to_w4a16(
     """Replace, in place, every `nn.Linear` of `model` that a GPTQ, AWQ or compressed-tensors checkpoint holds
     quantized by a `W4A16Linear` imported from the checkpoint's tensors (the importers of `formats`).
 
-    `state_dict`: the checkpoint's tensors by key, every shard merged (one layer's tensors may sit in different
-    shards), e.g. `safetensors.torch.load_file(path)`; or any mapping (keys(), get()) that loads a tensor when asked,
-    such as a view over the shards' `safe_open` handles: only the converted layers' tensors are read. The Linear
-    `name` is quantized when `state_dict` holds `prefix + name + ".qweight"` (gptq, awq) or `".weight_packed"`
-    (compressed-tensors); its bias comes from
-    `<key>.bias` when present, else from the Linear. `checkpoint_format`'s options come from the checkpoint's
-    quantization config: `group_size` (gptq, awq; -1 per-channel; compressed-tensors infers it per layer),
-    `zero_convention` (gptq: "v1" for checkpoint_format "gptq", "v2" for "gptq_v2") and `symmetric` (gptq's `sym`);
-    `formats.checkpoint_options(config["quantization_config"])` reads all of them from a model's config.json.
+    `state_dict`: the checkpoint's tensors by key, every shard merged (one layer's tensors may sit in different shards),
+    e.g. `safetensors.torch.load_file(path)`; or any mapping (keys(), get()) that loads a tensor when asked, such as a
+    view over the shards' `safe_open` handles: only the converted layers' tensors are read. The Linear `name` is
+    quantized when `state_dict` holds `prefix + name + ".qweight"` (gptq, awq) or `".weight_packed"`
+    (compressed-tensors); its bias comes from `<key>.bias` when present, else from the Linear. `checkpoint_format`'s
+    options come from the checkpoint's quantization config: `group_size` (gptq, awq; -1 per-channel; compressed-tensors
+    infers it per layer), `zero_convention` (gptq: "v1" for checkpoint_format "gptq", "v2" for "gptq_v2") and
+    `symmetric` (gptq's `sym`); `formats.checkpoint_options(config["quantization_config"])` reads all of them from a
+    model's config.json.
     `dtype`: the activations' dtype, which the bias takes (default: each Linear's dtype if fp16/bf16, else the
     scales'). `pdl`: every converted layer's `pdl`, as in `convert_to_w4a16`.
 
